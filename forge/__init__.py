@@ -1,0 +1,57 @@
+"""Forge: load a trained model, inspect and transform it, compile it for a device.
+
+This package is the public API; it is a thin facade over :mod:`forge_core`.
+Importing it imports TVM, never torch or tensorflow.
+"""
+
+from __future__ import annotations
+
+from forge_core import __version__
+from forge_core.errors import (
+    CompilationError,
+    ForgeError,
+    InputError,
+    ModelImportError,
+    OperatorConversionError,
+    PluginConflictError,
+    PluginError,
+    PluginNotInstalledError,
+    TargetError,
+    UnsupportedOperatorError,
+)
+from forge_core.ir.module import IRModule, RelayModule
+from forge_core.loaders import from_keras, from_onnx, from_tensorflow, from_tflite, from_torch, load
+from forge_core.plugin_manager import PluginInfo, get_plugin_manager
+from forge_core.runtime.signature import DYNAMIC_DIM, TensorSpec
+
+
+def list_plugins() -> list[PluginInfo]:
+    """List every loaded Forge plugin: its name, version, distribution and the hooks it implements."""
+    return get_plugin_manager().list_plugins()
+
+
+__all__ = [
+    "__version__",
+    "IRModule",
+    "RelayModule",
+    "TensorSpec",
+    "DYNAMIC_DIM",
+    "from_onnx",
+    "from_torch",
+    "from_tensorflow",
+    "from_keras",
+    "from_tflite",
+    "load",
+    "list_plugins",
+    "PluginInfo",
+    "ForgeError",
+    "PluginError",
+    "PluginNotInstalledError",
+    "PluginConflictError",
+    "ModelImportError",
+    "UnsupportedOperatorError",
+    "OperatorConversionError",
+    "InputError",
+    "TargetError",
+    "CompilationError",
+]

@@ -1,0 +1,105 @@
+"""Exceptions raised by Forge.
+
+Every error Forge raises on bad input derives from :class:`ForgeError`, and its
+message names what is wrong: the operator, the node, the input, the expected
+and the given value, or the plugin to install.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+
+class ForgeError(Exception):
+    """Base class of Forge's errors."""
+
+
+class PluginError(ForgeError):
+    """A plugin is missing, broken or conflicts with another one."""
+
+
+class PluginNotInstalledError(PluginError, ImportError):
+    """A frontend, pass or exporter was asked for, and no installed plugin provides it.
+
+    It is also an :class:`ImportError`, as a missing optional dependency is.
+    """
+
+    def __init__(self, kind: str, name: str, extra: str | None = None, available: Sequence[str] = ()):
+        self.kind = kind
+        self.name = name
+        self.extra = extra
+        hint = (
+            f" Install it with: pip install 'forge-core[{extra}]'"
+            if extra
+            else ""
+        )
+        have = f" Installed {kind}s: {', '.join(sorted(available))}." if available else ""
+        super().__init__(f"No installed Forge plugin provides the {kind} {name!r}.{hint}{have}")
+
+
+class PluginConflictError(PluginError):
+    """Two plugins registered the same name."""
+
+    def __init__(self, kind: str, name: str, first: str, second: str):
+        self.kind = kind
+        self.name = name
+        self.plugins = (first, second)
+        super().__init__(
+            f"The {kind} {name!r} is registered by two plugins: {first!r} and {second!r}. "
+            "Uninstall one of them, or narrow the loaded plugins with FORGE_PLUGINS."
+        )
+
+
+class ModelImportError(ForgeError, ValueError):
+    """A model could not be turned into an IRModule."""
+
+
+class UnsupportedOperatorError(ModelImportError):
+    """A model holds operators that the frontend cannot convert.
+
+    ``unsupported`` maps each operator type to ``(count, example_node_name)``.
+    """
+
+    def __init__(self, frontend: str, unsupported: Mapping[str, tuple[int, str]], detail: str = ""):
+        self.frontend = frontend
+        self.unsupported = dict(unsupported)
+        lines = [
+            f"  {op}: {count} node{'s' if count != 1 else ''}, e.g. {node!r}"
+            for op, (count, node) in sorted(self.unsupported.items())
+        ]
+        total = len(self.unsupported)
+        msg = (
+            f"The {frontend} frontend cannot convert {total} operator type"
+            f"{'s' if total != 1 else ''} in this model:\n" + "\n".join(lines)
+        )
+        if detail:
+            msg += f"\n{detail}"
+        super().__init__(msg)
+
+
+class InputError(ForgeError, ValueError):
+    """Inputs given to an inference function or runtime do not match the model."""
+
+
+class TargetError(ForgeError, ValueError):
+    """A target string, dict, JSON or tag is invalid."""
+
+
+class CompilationError(ForgeError):
+    """Compilation failed."""
+
+
+class OperatorConversionError(ModelImportError):
+    """Converting one node of a model failed."""
+
+    def __init__(self, frontend: str, op_type: str, node: str, cause: BaseException):
+        self.frontend = frontend
+        self.op_type = op_type
+        self.node = node
+        self.cause = cause
+        detail = str(cause).strip().splitlines()
+        summary = detail[-1] if detail else type(cause).__name__
+        super().__init__(
+            f"The {frontend} frontend failed to convert node {node!r} (op {op_type}): "
+            f"{type(cause).__name__}: {summary}"
+        )

@@ -1,0 +1,134 @@
+"""The plugin author's contract: every hook Forge calls.
+
+Forge uses pluggy with the *register-callback* style: each hook receives a
+``register`` callable and calls it once per item it contributes. A plugin is a
+module (or object) with functions decorated by :data:`hookimpl`, published on
+the entry-point group ``forge``::
+
+    # pyproject.toml of a plugin
+    [project.entry-points.forge]
+    my_tags = "my_package.forge_plugin"
+
+    # my_package/forge_plugin.py
+    from forge_core.hookspecs import hookimpl
+
+    @hookimpl
+    def register_target_tags(register):
+        register("acme/board-1", "llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a55",
+                 category="arm", note="ACME Board 1, 4x Cortex-A55")
+
+Forge's own frontends' glue, passes, tag sets and exporters are plugins that
+implement these same hooks; the core never special-cases them.
+
+Rules common to every hook:
+
+* A hook returns ``None``; what it contributes goes through ``register``.
+* Names are global across plugins. Two plugins registering the same frontend
+  name, pass name, tag name or exporter format make the registry raise
+  :class:`forge_core.errors.PluginConflictError`, naming both plugins.
+* Hooks are called lazily, the first time Forge needs that kind of item, and
+  once per process. A hook must therefore be cheap: import heavy frameworks
+  (torch, tensorflow) inside the callables it registers, never at module level.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import pluggy
+
+PROJECT_NAME = "forge"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+@hookspec
+def register_frontends(register: Callable[..., None]) -> None:
+    """Register model loaders.
+
+    Call ``register(name, loader, *, description="")`` for each loader:
+
+    ``name`` (str)
+        The frontend's public name: ``"onnx"``, ``"torch"``, ``"tensorflow"``,
+        ``"keras"``, ``"tflite"``, or a new one. ``forge.from_<name>`` and
+        :func:`forge.load` dispatch on it.
+    ``loader`` (callable)
+        ``loader(model, **options) -> forge.IRModule``. It receives the user's
+        arguments unchanged and returns a :class:`forge_core.ir.IRModule`.
+        It raises :class:`forge_core.errors.ModelImportError` (or a subclass)
+        for a model it cannot load, naming the unsupported operators.
+    ``description`` (str)
+        One line shown by ``forge plugins``.
+    """
+
+
+@hookspec
+def register_passes(register: Callable[..., None]) -> None:
+    """Register named transforms of TVM's IR.
+
+    Call ``register(name, transform, *, stage="optimize", description="")``:
+
+    ``name`` (str)
+        Unique pass name, e.g. ``"fold_batch_norms"``.
+    ``transform`` (callable)
+        ``transform(mod: tvm.ir.IRModule, context: forge_core.passes.PassContext)
+        -> tvm.ir.IRModule``. It takes a Relax ``IRModule`` and returns a new
+        one; it must not mutate its input. ``context`` carries the target (or
+        ``None`` outside compilation) and the pass's options.
+    ``stage`` (str)
+        When the pass runs: ``"import"`` (while an IRModule is built),
+        ``"optimize"`` (graph-level, before lowering) or ``"schedule"``
+        (after lowering, on TIR PrimFuncs). A stage only runs the passes that
+        its caller asks for by name; registering makes a pass *available*.
+    ``description`` (str)
+        One line shown by ``forge plugins``.
+    """
+
+
+@hookspec
+def register_target_tags(register: Callable[..., None]) -> None:
+    """Register target tags: named aliases of compilation targets.
+
+    Call ``register(name, target, *, category, note)``:
+
+    ``name`` (str)
+        The tag, e.g. ``"raspberry-pi/5"``. Users pass it as ``target=``.
+    ``target`` (str or dict)
+        The target it stands for, in any form ``compile(target=...)`` takes:
+        a docs-style string (``"llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a76"``),
+        a JSON string, or a dict with a ``"kind"`` key.
+    ``category`` (str)
+        Grouping used by the ``list_*_tags`` functions: ``"cuda"``, ``"x86"``,
+        ``"arm"``, ``"android"``, or a new category.
+    ``note`` (str)
+        A one-line human description.
+    """
+
+
+@hookspec
+def register_exporters(register: Callable[..., None]) -> None:
+    """Register artifact writers, keyed by format.
+
+    Call ``register(format, writer, *, description="")``:
+
+    ``format`` (str)
+        The format's key, e.g. ``"library"``, ``"ir-text"``, ``"metadata"``.
+    ``writer`` (callable)
+        ``writer(artifact: forge_core.compiler.Artifact, directory: pathlib.Path)
+        -> list[pathlib.Path]``: writes its files into ``directory`` (a
+        temporary directory that Forge moves into place when every writer
+        succeeded) and returns the paths it wrote.
+    ``description`` (str)
+        One line shown by ``forge plugins``.
+    """
+
+
+HOOK_NAMES: tuple[str, ...] = (
+    "register_frontends",
+    "register_passes",
+    "register_target_tags",
+    "register_exporters",
+)
+
+__all__ = ["hookspec", "hookimpl", "HOOK_NAMES", "PROJECT_NAME"]

@@ -1,0 +1,66 @@
+"""``IRModule.get_inference_function``: a quick, unoptimized callable for checking numbers."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from forge_core.errors import ForgeError
+from forge_core.runtime.signature import TensorSpec, check_inputs
+
+logger = logging.getLogger("forge.inference")
+
+
+def outputs_to_numpy(value: Any) -> list[np.ndarray]:
+    """Flatten what a Relax VM returns (a tensor or nested tuples) into numpy arrays."""
+    if isinstance(value, tvm.runtime.Tensor):
+        return [value.numpy()]
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "Array":
+        flat: list[np.ndarray] = []
+        for item in value:
+            flat.extend(outputs_to_numpy(item))
+        return flat
+    if isinstance(value, (int, float, bool, np.generic)):
+        return [np.asarray(value)]
+    raise ForgeError(f"Unexpected model output of type {type(value).__name__}")
+
+
+class InferenceFunction:
+    """Calls a compiled Relax module with numpy arrays.
+
+    ``fn(x0, x1, ...)`` returns one array for a single-output model, else a list.
+    """
+
+    def __init__(self, executable: Any, device: tvm.runtime.Device, inputs: Sequence[TensorSpec],
+                 outputs: Sequence[TensorSpec]) -> None:
+        self._vm = relax.VirtualMachine(executable, device)
+        self._device = device
+        self.input_specs = tuple(inputs)
+        self.output_specs = tuple(outputs)
+
+    def __call__(self, *arrays: Any) -> np.ndarray | list[np.ndarray]:
+        checked = check_inputs(self.input_specs, arrays)
+        args = [tvm.runtime.tensor(a, self._device) for a in checked]
+        results = outputs_to_numpy(self._vm["main"](*args))
+        return results[0] if len(self.output_specs) == 1 and len(results) == 1 else results
+
+    def __repr__(self) -> str:
+        ins = ", ".join(s.describe() for s in self.input_specs)
+        return f"<InferenceFunction ({ins}) on {self._device}>"
+
+
+def build_inference_function(mod: tvm.IRModule, target: tvm.target.Target, inputs: Sequence[TensorSpec],
+                             outputs: Sequence[TensorSpec]) -> InferenceFunction:
+    device = tvm.runtime.device(target.get_target_device_type(), 0)
+    if not device.exist:
+        raise ForgeError(
+            f"No {target.kind.name} device is present on this machine; use target='llvm' to run on the CPU."
+        )
+    logger.debug("building inference function for %s", target)
+    executable = tvm.compile(mod, target=target)
+    return InferenceFunction(executable, device, inputs, outputs)

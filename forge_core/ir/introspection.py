@@ -1,0 +1,76 @@
+"""Read facts off a Relax module: operators, signatures, graphs."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+
+import tvm
+from tvm import relax
+
+from forge_core.runtime.signature import DYNAMIC_DIM, TensorSpec
+
+_OP_PREFIX = "relax."
+
+
+def relax_functions(mod: tvm.IRModule) -> Iterator[tuple[str, relax.Function]]:
+    """The Relax functions of ``mod`` (not TIR PrimFuncs), sorted by name."""
+    items = sorted(mod.functions.items(), key=lambda item: item[0].name_hint)
+    for gv, func in items:
+        if isinstance(func, relax.Function):
+            yield gv.name_hint, func
+
+
+def operator_name(op: tvm.ir.Op) -> str:
+    """The user-facing name of a Relax operator: ``relax.nn.conv2d`` -> ``nn.conv2d``."""
+    name = op.name
+    return name[len(_OP_PREFIX):] if name.startswith(_OP_PREFIX) else name
+
+
+def count_operators(mod: tvm.IRModule) -> dict[str, int]:
+    """How many times each operator is called, over every Relax function."""
+    counts: Counter[str] = Counter()
+
+    def visit(expr: relax.Expr) -> None:
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+            counts[operator_name(expr.op)] += 1
+
+    for _, func in relax_functions(mod):
+        relax.analysis.post_order_visit(func, visit)
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _dimension(value: tvm.ir.PrimExpr) -> int:
+    if isinstance(value, tvm.tirx.IntImm):
+        return int(value.value)
+    return DYNAMIC_DIM
+
+
+def tensor_spec(name: str, ty: relax.Type) -> TensorSpec:
+    """A :class:`TensorSpec` from a Relax tensor type (dynamic dims become -1)."""
+    if not isinstance(ty, relax.TensorType):
+        raise TypeError(f"{name!r} is not a tensor: its type is {ty}")
+    shape = ty.shape
+    if isinstance(shape, relax.ShapeExpr):
+        dims: tuple[int, ...] | None = tuple(_dimension(v) for v in shape.values)
+    elif ty.ndim >= 0:
+        dims = (DYNAMIC_DIM,) * ty.ndim
+    else:
+        dims = None
+    return TensorSpec(name, dims, str(ty.dtype))
+
+
+def flatten_types(ty: relax.Type) -> list[relax.Type]:
+    """The leaf tensor types of a possibly nested tuple type."""
+    if isinstance(ty, relax.TupleType):
+        leaves: list[relax.Type] = []
+        for field in ty.fields:
+            leaves.extend(flatten_types(field))
+        return leaves
+    return [ty]
+
+
+def output_specs(func: relax.Function) -> list[TensorSpec]:
+    """The outputs of ``func``, a tuple return flattened, named ``output_<i>``."""
+    leaves = flatten_types(func.ret_ty)
+    return [tensor_spec(f"output_{i}", ty) for i, ty in enumerate(leaves)]

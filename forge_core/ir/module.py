@@ -1,0 +1,416 @@
+"""``forge.IRModule`` (alias ``forge.RelayModule``): a model in TVM's IR plus its weights."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from forge_core.ir import identity, introspection, weights
+from forge_core.passes import PassContext, run_passes
+from forge_core.runtime.signature import TensorSpec
+
+OUTPUT_NAMES_ATTR = "forge.output_names"
+"""Attribute of ``main`` holding the model's output names, when the source model had them."""
+
+
+@dataclass(frozen=True)
+class ModuleState:
+    """Flags that later transforms set (calibration, quantization, partitioning, splitting)."""
+
+    is_calibrated: bool = False
+    is_quantized: bool = False
+    is_tensorrt: bool = False
+    is_split_tensors: bool = False
+
+
+def _as_relax_module(mod: Any) -> tvm.IRModule:
+    if isinstance(mod, IRModule):
+        return mod.mod
+    if isinstance(mod, relax.Function):
+        return tvm.IRModule({"main": mod})
+    if not isinstance(mod, tvm.IRModule):
+        raise TypeError(
+            f"IRModule expects a TVM Relax IRModule or relax.Function, not {type(mod).__name__}. "
+            "Load models with forge.from_onnx() and the other loaders."
+        )
+    names = [gv.name_hint for gv in mod.functions]
+    if "main" not in names or not isinstance(mod["main"], relax.Function):
+        raise ValueError(f"The IRModule has no Relax function 'main' (functions: {', '.join(sorted(names)) or 'none'})")
+    return mod
+
+
+class IRModule:
+    """A model in TVM's intermediate representation (Relax), with its weights.
+
+    Forge's IRModule wraps a TVM ``IRModule`` and the weights that are not
+    frozen into it. It is what every loader returns and what ``compile()``
+    consumes.
+
+    Args:
+        mod: A TVM Relax ``IRModule`` with a ``main`` function, or a ``relax.Function``.
+        params: The weights of the module that are not "frozen" into the graph:
+            a dict from a parameter name of ``main`` to a numpy array or TVM tensor.
+            Every other parameter of ``main`` is a model input. Defaults to None.
+        inline_partitions: Inlines all partitions (e.g. TensorRT subgraphs) into
+            ``main`` during initialization if enabled. Defaults to False.
+        fold_constants: Folds all constant branches during initialization if
+            enabled. Defaults to True.
+        fold_batch_norms: Folds all inference batch norms into the preceding
+            convolutions (or into a scale and shift) during initialization if
+            enabled. Defaults to True.
+
+    Shapes: a dynamic dimension is reported as ``-1`` in ``input_shapes`` and
+    ``output_shapes``.
+    """
+
+    def __init__(
+        self,
+        mod: Any,
+        params: Mapping[str, Any] | None = None,
+        inline_partitions: bool = False,
+        fold_constants: bool = True,
+        fold_batch_norms: bool = True,
+    ) -> None:
+        relax_mod = _as_relax_module(mod)
+        tensors = weights.normalize_params(params)
+        param_names = {v.name for v in relax_mod["main"].params}
+        unknown = sorted(set(tensors) - param_names)
+        if unknown:
+            raise ValueError(
+                f"params holds names that are not parameters of main: {', '.join(map(repr, unknown))}. "
+                f"main's parameters: {', '.join(sorted(param_names))}"
+            )
+        passes = []
+        if inline_partitions:
+            passes.append("inline_partitions")
+        if fold_constants:
+            passes.append("fold_constants")
+        if fold_batch_norms:
+            passes.append("fold_batch_norms")
+        relax_mod = run_passes(relax_mod, passes, PassContext(options={"stage": "import"}))
+        self._init_parts(relax_mod, tensors, ModuleState())
+
+    def _init_parts(self, mod: tvm.IRModule, params: dict[str, weights.Tensor], state: ModuleState) -> None:
+        self._mod = mod
+        self._params = params
+        self._state = state
+
+    @classmethod
+    def _from_parts(cls, mod: tvm.IRModule, params: dict[str, weights.Tensor], state: ModuleState) -> IRModule:
+        obj = cls.__new__(cls)
+        obj._init_parts(mod, params, state)
+        return obj
+
+    # ------------------------------------------------------------------
+    # The IR
+    # ------------------------------------------------------------------
+
+    @property
+    def mod(self) -> tvm.IRModule:
+        """The TVM Relax IRModule (prints as the IR text)."""
+        return self._mod
+
+    @property
+    def typed_mod(self) -> tvm.IRModule:
+        """The TVM Relax IRModule, re-normalized with every type annotation checked.
+
+        This property is a quick means of validating the module: it raises
+        TVM's error, naming the offending expression, for a module that is not
+        well formed.
+        """
+        relax.analysis.well_formed(self._mod)
+        return relax.transform.Normalize()(self._mod)
+
+    @property
+    def params(self) -> dict[str, weights.Tensor]:
+        """The weights of the module that are not "frozen" into the graph."""
+        return self._params
+
+    @property
+    def _main(self) -> relax.Function:
+        return self._mod["main"]
+
+    # ------------------------------------------------------------------
+    # Inputs and outputs
+    # ------------------------------------------------------------------
+
+    @property
+    def input_specs(self) -> list[TensorSpec]:
+        """Name, shape and dtype of each model input (weights in ``params`` excluded)."""
+        return [
+            introspection.tensor_spec(var.name, var.ty) for var in self._main.params if var.name not in self._params
+        ]
+
+    @property
+    def output_specs(self) -> list[TensorSpec]:
+        """Name, shape and dtype of each model output."""
+        specs = introspection.output_specs(self._main)
+        names = self._main.attrs.get(OUTPUT_NAMES_ATTR) if self._main.attrs is not None else None
+        if names is not None and len(names) == len(specs):
+            specs = [replace(spec, name=str(name)) for spec, name in zip(specs, names)]
+        return specs
+
+    @property
+    def input_count(self) -> int:
+        """The number of inputs the model expects."""
+        return len(self.input_specs)
+
+    @property
+    def input_names(self) -> list[str]:
+        """The names of the model's inputs."""
+        return [s.name for s in self.input_specs]
+
+    @property
+    def input_shapes(self) -> list[tuple[int, ...] | None]:
+        """The shape of each input; ``-1`` marks a dynamic dimension."""
+        return [s.shape for s in self.input_specs]
+
+    @property
+    def input_dtypes(self) -> list[str]:
+        """The data type of each input."""
+        return [s.dtype for s in self.input_specs]
+
+    @property
+    def output_count(self) -> int:
+        """The number of outputs the model produces."""
+        return len(self.output_specs)
+
+    @property
+    def output_names(self) -> list[str]:
+        """The names of the model's outputs (``output_<i>`` when the source had none)."""
+        return [s.name for s in self.output_specs]
+
+    @property
+    def output_shapes(self) -> list[tuple[int, ...] | None]:
+        """The shape of each output; ``-1`` marks a dynamic dimension."""
+        return [s.shape for s in self.output_specs]
+
+    @property
+    def output_dtypes(self) -> list[str]:
+        """The data type of each output."""
+        return [s.dtype for s in self.output_specs]
+
+    # ------------------------------------------------------------------
+    # Graph facts
+    # ------------------------------------------------------------------
+
+    @property
+    def operators(self) -> dict[str, int]:
+        """Full count of the module's operators, e.g. ``{"nn.conv2d": 53, "add": 16}``."""
+        return introspection.count_operators(self._mod)
+
+    @property
+    def graph_count(self) -> int:
+        """Number of computational graphs in the module, the "main" graph included (at least 1)."""
+        return sum(1 for _ in introspection.relax_functions(self._mod))
+
+    @property
+    def subgraph_count(self) -> int:
+        """Number of computational subgraphs, the "main" graph excluded (at least 0)."""
+        return self.graph_count - 1
+
+    @property
+    def weights_nbytes(self) -> int:
+        """Bytes of weights: constants in the graph plus ``params``."""
+        return weights.weights_nbytes(self._mod, self._params)
+
+    # ------------------------------------------------------------------
+    # State flags
+    # ------------------------------------------------------------------
+
+    @property
+    def is_calibrated(self) -> bool:
+        """Flag to check if the module is calibrated or not."""
+        return self._state.is_calibrated
+
+    @property
+    def is_quantized(self) -> bool:
+        """Flag to check if the module is quantized or not."""
+        return self._state.is_quantized
+
+    @property
+    def is_tensorrt(self) -> bool:
+        """Flag to check if the module is partitioned for TensorRT or not."""
+        return self._state.is_tensorrt
+
+    @property
+    def is_split_tensors(self) -> bool:
+        """Flag to check if the module has been tensor-split or not."""
+        return self._state.is_split_tensors
+
+    # ------------------------------------------------------------------
+    # Identity
+    # ------------------------------------------------------------------
+
+    @property
+    def fingerprint(self) -> str:
+        """Deterministic hashing of the module's structure and data (hex SHA-256).
+
+        To get a structural hash (excluding data) use the ``hash()`` function.
+        """
+        return identity.fingerprint(self._mod, self._params)
+
+    def __hash__(self) -> int:
+        """Structural hash of the module: equal for one architecture with other weights."""
+        return identity.structural_hash(self._mod, self._params)
+
+    def __eq__(self, other: object) -> bool:
+        """Compares for equality of hash (structure, not weights), as the docs define it."""
+        if not isinstance(other, IRModule):
+            return NotImplemented
+        return hash(self) == hash(other)
+
+    # ------------------------------------------------------------------
+    # Copying and running
+    # ------------------------------------------------------------------
+
+    def copy(self) -> IRModule:
+        """Get a deepcopy of the IRModule.
+
+        Copying is useful to keep a "checkpoint" before in-place transforms such
+        as quantization or partitioning. Weights are copied too: editing the
+        copy's constants or params leaves the original unchanged.
+        """
+        params = {name: weights.copy_tensor(t) for name, t in self._params.items()}
+        return IRModule._from_parts(weights.deep_copy_module(self._mod), params, self._state)
+
+    def __copy__(self) -> IRModule:
+        return self.copy()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> IRModule:
+        return self.copy()
+
+    def get_inference_function(self, target: str = "llvm") -> Callable[..., np.ndarray | list[np.ndarray]]:
+        """Get a Python callable that emulates the model's inference.
+
+        This is for debugging and validating accuracy; it is not an optimized
+        compilation and should not be used to measure latency. The callable
+        takes numpy arrays positionally, ``func(input0, input1, ...)``, and
+        returns a numpy array, or a list of arrays when the model has several
+        outputs. Wrong input counts, shapes or dtypes raise
+        :class:`forge.InputError` naming the input.
+
+        Args:
+            target: The device target; a user typically should not need to set
+                this, unless running on GPU (``"cuda"``). Defaults to ``"llvm"``.
+
+        Returns:
+            Inference function
+        """
+        from forge_core.ir.inference import build_inference_function
+        from forge_core.targets import resolve_target
+
+        tvm_target = resolve_target(target)
+        bound = weights.bind_params(self._mod, self._params)
+        return build_inference_function(bound, tvm_target, self.input_specs, self.output_specs)
+
+    # ------------------------------------------------------------------
+    # Loaders, as the docs also spell them: forge.RelayModule.from_onnx(...)
+    # ------------------------------------------------------------------
+
+    @staticmethod
+    def from_onnx(*args: Any, **kwargs: Any) -> IRModule:
+        """Same as :func:`forge.from_onnx`."""
+        from forge_core import loaders
+
+        return loaders.from_onnx(*args, **kwargs)
+
+    @staticmethod
+    def from_torch(*args: Any, **kwargs: Any) -> IRModule:
+        """Same as :func:`forge.from_torch`."""
+        from forge_core import loaders
+
+        return loaders.from_torch(*args, **kwargs)
+
+    @staticmethod
+    def from_tensorflow(*args: Any, **kwargs: Any) -> IRModule:
+        """Same as :func:`forge.from_tensorflow`."""
+        from forge_core import loaders
+
+        return loaders.from_tensorflow(*args, **kwargs)
+
+    @staticmethod
+    def from_keras(*args: Any, **kwargs: Any) -> IRModule:
+        """Same as :func:`forge.from_keras`."""
+        from forge_core import loaders
+
+        return loaders.from_keras(*args, **kwargs)
+
+    @staticmethod
+    def from_tflite(*args: Any, **kwargs: Any) -> IRModule:
+        """Same as :func:`forge.from_tflite`."""
+        from forge_core import loaders
+
+        return loaders.from_tflite(*args, **kwargs)
+
+    # ------------------------------------------------------------------
+    # Deprecated Relay-era partition API
+    # ------------------------------------------------------------------
+
+    def inline_partitions(self) -> None:
+        """DEPRECATED: use ``forge.ONNXModule`` for TensorRT optimization.
+
+        Undoes any partitions and inlines them back into the "main" graph, the
+        inverse of partitioning. Operates in place.
+        """
+        warnings.warn(
+            "IRModule.inline_partitions() is deprecated and will be removed; use forge.ONNXModule for TensorRT.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        self._mod = run_passes(self._mod, ["inline_partitions"])
+        self._state = replace(self._state, is_tensorrt=False)
+
+    # ------------------------------------------------------------------
+    # Display
+    # ------------------------------------------------------------------
+
+    def summary(self) -> str:
+        """A text summary: inputs, outputs, operator counts and the size of the weights."""
+        ops = self.operators
+        nbytes = self.weights_nbytes
+        lines = [
+            f"IRModule: {self.input_count} input(s), {self.output_count} output(s), "
+            f"{sum(ops.values())} operator calls of {len(ops)} kinds, weights {_format_bytes(nbytes)}",
+            "Inputs:",
+            *[f"  {spec.describe()}" for spec in self.input_specs],
+            "Outputs:",
+            *[f"  {spec.describe()}" for spec in self.output_specs],
+            f"Graphs: {self.graph_count} (subgraphs: {self.subgraph_count}); params: {len(self._params)}",
+            "Flags: " + ", ".join(f"{k}={v}" for k, v in vars(self._state).items()),
+            "Operators:",
+        ]
+        width = max((len(name) for name in ops), default=0)
+        lines += [f"  {name:<{width}}  {count:>6}" for name, count in ops.items()]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        ins = ", ".join(s.describe() for s in self.input_specs)
+        outs = ", ".join(s.describe() for s in self.output_specs)
+        top = ", ".join(f"{k}={v}" for k, v in list(self.operators.items())[:6])
+        return (
+            f"<forge.IRModule inputs=[{ins}] outputs=[{outs}] ops={{{top}{', ...' if len(self.operators) > 6 else ''}}} "
+            f"weights={_format_bytes(self.weights_nbytes)}>"
+        )
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+RelayModule = IRModule
+"""The docs' name for :class:`IRModule`."""
+
+
+def _format_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.1f} {unit}" if unit != "B" else f"{int(size)} B"
+        size /= 1024
+    return f"{n} B"

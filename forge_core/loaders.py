@@ -1,0 +1,100 @@
+"""The public loaders: each dispatches to the frontend a plugin registered.
+
+A loader whose plugin is not installed raises
+:class:`forge_core.errors.PluginNotInstalledError` naming the extra to install.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from forge_core.errors import PluginError
+from forge_core.ir.module import IRModule
+from forge_core.plugin_manager import get_plugin_manager
+
+FRONTEND_EXTRAS: dict[str, str] = {
+    "onnx": "onnx",
+    "torch": "torch",
+    "tensorflow": "tf",
+    "keras": "tf",
+    "tflite": "tf",
+}
+"""The ``forge-core`` extra that installs each known frontend's plugin."""
+
+
+def load(frontend: str, *args: Any, **kwargs: Any) -> IRModule:
+    """Load a model with the frontend registered as ``frontend`` (e.g. ``"onnx"``)."""
+    loader = get_plugin_manager().frontend(frontend, extra=FRONTEND_EXTRAS.get(frontend))
+    result = loader.load(*args, **kwargs)
+    if not isinstance(result, IRModule):
+        raise PluginError(
+            f"The {frontend!r} frontend of plugin {loader.plugin!r} returned {type(result).__name__}, "
+            "not a forge.IRModule"
+        )
+    return result
+
+
+def from_onnx(model: Any, *args: Any, **kwargs: Any) -> IRModule:
+    """Convert an ONNX model into an equivalent Forge IRModule.
+
+    ONNX graphs are Python protobuf objects; the weights (initializers) are
+    handled automatically. ONNX describes inputs with possibly dynamic
+    shapes; the importer keeps dimensions it cannot resolve dynamic (reported
+    as ``-1``).
+
+    Args:
+        model: An ``onnx.ModelProto`` (ONNX IR version 3 / ONNX 1.1 or later),
+            a path to a ``.onnx`` file, or the file's bytes.
+        shape: Dict of input name to shape, overriding the model's declared
+            input shapes. A dimension given as ``-1``, ``None`` or a string is
+            dynamic.
+        dtype: A dict of input name to dtype overrides those inputs' types; a
+            string is the type of inputs the model leaves untyped. Defaults to
+            ``"float32"``.
+        opset: Override of the autodetected opset. This can be helpful for
+            some testing.
+        freeze_params: If True (the default), the initializers (weights,
+            shapes...) are embedded into the graph as constants, which allows
+            more aggressive optimization at compile time. If False, float
+            weights stay parameters of ``main`` named ``param_0``, ``param_1``…
+            and appear in ``IRModule.params``.
+        convert_config: Relay-era conversion options. **Not honoured**: TVM's
+            Relax importer has no such options; passing it warns.
+        export_node_renamed_model_path: Export the model, with every unnamed
+            node given a name ``<OpType>_<index>``, to this path. Errors name
+            nodes by these names.
+        fold_constants: Keyword-only; passed to :class:`forge.IRModule`.
+        fold_batch_norms: Keyword-only; passed to :class:`forge.IRModule`.
+
+    Returns:
+        Forge IRModule object
+
+    Raises:
+        forge.UnsupportedOperatorError: Listing every operator type the model
+            uses that the importer lacks, with its count and one node name.
+        forge.ModelImportError: The file is not a valid ONNX model, or a node
+            failed to convert (the error names the node and its op).
+        forge.PluginNotInstalledError: The ``forge-onnx`` plugin is not
+            installed: ``pip install 'forge-core[onnx]'``.
+    """
+    return load("onnx", model, *args, **kwargs)
+
+
+def from_torch(*args: Any, **kwargs: Any) -> IRModule:
+    """Load a PyTorch model. Needs the PyTorch plugin: ``pip install 'forge-core[torch]'``."""
+    return load("torch", *args, **kwargs)
+
+
+def from_tensorflow(*args: Any, **kwargs: Any) -> IRModule:
+    """Load a TensorFlow graph. Needs the TensorFlow plugin: ``pip install 'forge-core[tf]'``."""
+    return load("tensorflow", *args, **kwargs)
+
+
+def from_keras(*args: Any, **kwargs: Any) -> IRModule:
+    """Load a Keras model. Needs the TensorFlow plugin: ``pip install 'forge-core[tf]'``."""
+    return load("keras", *args, **kwargs)
+
+
+def from_tflite(*args: Any, **kwargs: Any) -> IRModule:
+    """Load a TFLite model. Needs the TensorFlow plugin: ``pip install 'forge-core[tf]'``."""
+    return load("tflite", *args, **kwargs)

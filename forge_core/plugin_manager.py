@@ -1,0 +1,344 @@
+"""Finding, loading and querying Forge plugins.
+
+Order of registration, as in pytest and tox:
+
+1. forge_core's built-in plugins (:data:`BUILTIN_PLUGINS`), registered exactly
+   as an external plugin would be;
+2. the entry points of group ``forge`` from installed distributions, narrowed
+   by the environment variable ``FORGE_PLUGINS``;
+3. a check that every hook implementation matches a spec in
+   :mod:`forge_core.hookspecs`.
+
+``FORGE_PLUGINS`` (unset by default: every installed plugin loads):
+
+* ``FORGE_PLUGINS=""`` or ``FORGE_PLUGINS=none`` loads no external plugin;
+* ``FORGE_PLUGINS=onnx,acme-tags`` loads only the entry points with those
+  names or from those distributions.
+
+A plugin that fails to import is skipped with a :class:`ForgePluginWarning`
+naming it and the error. ``FORGE_TRACE_HOOKS=1`` logs every hook call.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import logging
+import os
+import threading
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, TypeVar
+
+import pluggy
+
+from forge_core import hookspecs
+from forge_core.errors import PluginConflictError, PluginError, PluginNotInstalledError
+
+logger = logging.getLogger("forge.plugins")
+
+ENTRY_POINT_GROUP = "forge"
+PLUGINS_ENV = "FORGE_PLUGINS"
+TRACE_ENV = "FORGE_TRACE_HOOKS"
+
+BUILTIN_PLUGINS: tuple[str, ...] = (
+    "forge_core.builtin.folding_passes",
+)
+"""Modules of forge_core registered as plugins, before any external one."""
+
+
+class ForgePluginWarning(UserWarning):
+    """A plugin could not be loaded and was skipped."""
+
+
+# --------------------------------------------------------------------------
+# What plugins register
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Frontend:
+    """A model loader: ``load(model, **options) -> IRModule``."""
+
+    name: str
+    load: Callable[..., Any]
+    plugin: str
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class PassSpec:
+    """A named transform ``transform(mod, context) -> mod`` of TVM's Relax IR."""
+
+    name: str
+    transform: Callable[..., Any]
+    plugin: str
+    stage: str = "optimize"
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class TargetTag:
+    """A named alias of a target."""
+
+    name: str
+    target: str | Mapping[str, Any]
+    category: str
+    note: str
+    plugin: str
+
+
+@dataclass(frozen=True)
+class Exporter:
+    """An artifact writer ``writer(artifact, directory) -> list[Path]``."""
+
+    format: str
+    write: Callable[..., Any]
+    plugin: str
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    """One loaded plugin, as :func:`forge.list_plugins` reports it."""
+
+    name: str
+    version: str
+    distribution: str
+    hooks: tuple[str, ...]
+    builtin: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "distribution": self.distribution,
+            "hooks": list(self.hooks),
+            "builtin": self.builtin,
+        }
+
+
+PASS_STAGES = ("import", "optimize", "schedule")
+
+T = TypeVar("T")
+
+
+# --------------------------------------------------------------------------
+# The manager
+# --------------------------------------------------------------------------
+
+
+def _selected_names() -> set[str] | None:
+    """None when every external plugin may load, else the allowed names."""
+    raw = os.environ.get(PLUGINS_ENV)
+    if raw is None:
+        return None
+    raw = raw.strip()
+    if raw.lower() in ("", "none", "0"):
+        return set()
+    return {part.strip() for part in raw.split(",") if part.strip()}
+
+
+def _forge_core_version() -> str:
+    try:
+        return importlib.metadata.version("forge-core")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+class ForgePluginManager:
+    """Loads Forge's plugins and gives typed access to what they register.
+
+    Callers use :meth:`frontends`, :meth:`passes`, :meth:`target_tags` and
+    :meth:`exporters`; they never call ``pm.hook.*`` themselves.
+    """
+
+    def __init__(
+        self,
+        builtin_plugins: Iterable[str] = BUILTIN_PLUGINS,
+        load_entry_points: bool = True,
+    ) -> None:
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+        self.pm.add_hookspecs(hookspecs)
+        self._meta: dict[str, tuple[str, str, bool]] = {}  # name -> (distribution, version, builtin)
+        self._cache: dict[str, dict[str, Any]] = {}
+        self._lock = threading.RLock()
+        if os.environ.get(TRACE_ENV):
+            self.pm.add_hookcall_monitoring(
+                lambda hook, impls, kwargs: logger.info("hook %s -> %s", hook, [i.plugin_name for i in impls]),
+                lambda outcome, hook, impls, kwargs: None,
+            )
+        version = _forge_core_version()
+        for module_name in builtin_plugins:
+            module = importlib.import_module(module_name)
+            self._register(module, module_name.rsplit(".", 1)[-1], "forge-core", version, builtin=True)
+        if load_entry_points:
+            self._load_entry_points()
+        try:
+            self.pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            raise PluginError(
+                f"Plugin {self.pm.get_name(exc.plugin)!r} implements a hook that Forge does not define: "
+                f"{exc}. Known hooks: {', '.join(hookspecs.HOOK_NAMES)}."
+            ) from exc
+
+    # -- registration ------------------------------------------------------
+
+    def _register(self, plugin: ModuleType | object, name: str, dist: str, version: str, builtin: bool) -> None:
+        if self.pm.has_plugin(name):
+            first = self._meta[name][0]
+            raise PluginConflictError("plugin name", name, first, dist)
+        self.pm.register(plugin, name=name)
+        self._meta[name] = (dist, version, builtin)
+
+    def register(self, plugin: ModuleType | object, name: str, version: str = "0") -> None:
+        """Register a plugin object at run time (for tests and embedding applications)."""
+        with self._lock:
+            self._register(plugin, name, name, version, builtin=False)
+            self.pm.check_pending()
+            self._cache.clear()
+
+    def _load_entry_points(self) -> None:
+        allowed = _selected_names()
+        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            dist_name = ep.dist.name if ep.dist is not None else ep.name
+            version = ep.dist.version if ep.dist is not None else "0"
+            if allowed is not None and ep.name not in allowed and dist_name not in allowed:
+                logger.debug("plugin %s (%s) not selected by %s", ep.name, dist_name, PLUGINS_ENV)
+                continue
+            if self.pm.has_plugin(ep.name) and self._meta[ep.name][0] == dist_name:
+                continue  # the same distribution seen twice on sys.path
+            try:
+                plugin = ep.load()
+            except Exception as exc:  # noqa: BLE001 - any failure of a third party's import
+                warnings.warn(
+                    f"Forge plugin {ep.name!r} (distribution {dist_name} {version}) failed to load and was "
+                    f"skipped: {type(exc).__name__}: {exc}",
+                    ForgePluginWarning,
+                    stacklevel=2,
+                )
+                continue
+            self._register(plugin, ep.name, dist_name, version, builtin=False)
+
+    # -- collecting registrations -------------------------------------------
+
+    def _collect(self, hook_name: str, kind: str, make: Callable[..., T]) -> dict[str, T]:
+        with self._lock:
+            if hook_name in self._cache:
+                return self._cache[hook_name]
+            items: dict[str, Any] = {}
+            hook = getattr(self.pm.hook, hook_name)
+            # get_hookimpls() lists implementations in registration order.
+            for impl in hook.get_hookimpls():
+                plugin_name = impl.plugin_name
+
+                def register(name: str, *args: Any, _plugin: str = plugin_name, **kwargs: Any) -> None:
+                    item = make(name, *args, plugin=_plugin, **kwargs)
+                    if name in items:
+                        raise PluginConflictError(kind, name, items[name].plugin, _plugin)
+                    items[name] = item
+
+                impl.function(**{arg: register for arg in impl.argnames if arg == "register"})
+            self._cache[hook_name] = items
+            return items
+
+    def frontends(self) -> dict[str, Frontend]:
+        """Every registered loader, by name."""
+        return self._collect("register_frontends", "frontend", _make_frontend)
+
+    def frontend(self, name: str, extra: str | None = None) -> Frontend:
+        """The loader ``name``, or :class:`PluginNotInstalledError` naming the extra to install."""
+        found = self.frontends()
+        if name not in found:
+            raise PluginNotInstalledError("frontend", name, extra, available=list(found))
+        return found[name]
+
+    def passes(self) -> dict[str, PassSpec]:
+        """Every registered pass, by name."""
+        return self._collect("register_passes", "pass", _make_pass)
+
+    def get_pass(self, name: str) -> PassSpec:
+        found = self.passes()
+        if name not in found:
+            raise PluginNotInstalledError("pass", name, available=list(found))
+        return found[name]
+
+    def target_tags(self) -> dict[str, TargetTag]:
+        """Every registered target tag, by name."""
+        return self._collect("register_target_tags", "target tag", _make_tag)
+
+    def exporters(self) -> dict[str, Exporter]:
+        """Every registered exporter, by format."""
+        return self._collect("register_exporters", "exporter", _make_exporter)
+
+    def exporter(self, fmt: str) -> Exporter:
+        found = self.exporters()
+        if fmt not in found:
+            raise PluginNotInstalledError("exporter", fmt, available=list(found))
+        return found[fmt]
+
+    def list_plugins(self) -> list[PluginInfo]:
+        """Each plugin's name, version, distribution and the hooks it implements."""
+        infos = []
+        for name, plugin in self.pm.list_name_plugin():
+            if plugin is None:
+                continue
+            dist, version, builtin = self._meta.get(name, (name, "0", False))
+            callers = self.pm.get_hookcallers(plugin) or []
+            hooks = tuple(sorted(caller.name for caller in callers))
+            infos.append(PluginInfo(name, version, dist, hooks, builtin))
+        return infos
+
+
+def _make_frontend(name: str, load: Callable[..., Any], *, plugin: str, description: str = "") -> Frontend:
+    if not callable(load):
+        raise PluginError(f"Plugin {plugin!r} registered frontend {name!r} with a loader that is not callable")
+    return Frontend(str(name), load, plugin, description)
+
+
+def _make_pass(
+    name: str, transform: Callable[..., Any], *, plugin: str, stage: str = "optimize", description: str = ""
+) -> PassSpec:
+    if stage not in PASS_STAGES:
+        raise PluginError(
+            f"Plugin {plugin!r} registered pass {name!r} with stage {stage!r}; expected one of {PASS_STAGES}"
+        )
+    if not callable(transform):
+        raise PluginError(f"Plugin {plugin!r} registered pass {name!r} with a transform that is not callable")
+    return PassSpec(str(name), transform, plugin, stage, description)
+
+
+def _make_tag(
+    name: str, target: str | Mapping[str, Any], *, plugin: str, category: str, note: str = ""
+) -> TargetTag:
+    if not isinstance(target, (str, Mapping)):
+        raise PluginError(f"Plugin {plugin!r} registered tag {name!r} with a target of type {type(target).__name__}")
+    return TargetTag(str(name), target if isinstance(target, str) else dict(target), str(category), str(note), plugin)
+
+
+def _make_exporter(fmt: str, write: Callable[..., Any], *, plugin: str, description: str = "") -> Exporter:
+    if not callable(write):
+        raise PluginError(f"Plugin {plugin!r} registered exporter {fmt!r} with a writer that is not callable")
+    return Exporter(str(fmt), write, plugin, description)
+
+
+_manager: ForgePluginManager | None = None
+_manager_lock = threading.Lock()
+
+
+def get_plugin_manager() -> ForgePluginManager:
+    """The process-wide plugin manager, created on first use."""
+    global _manager
+    with _manager_lock:
+        if _manager is None:
+            _manager = ForgePluginManager()
+        return _manager
+
+
+def reset_plugin_manager() -> None:
+    """Forget the loaded plugins; the next call of :func:`get_plugin_manager` loads them again."""
+    global _manager
+    with _manager_lock:
+        _manager = None

@@ -1,0 +1,95 @@
+"""Tensor signatures and the checks of inputs against them.
+
+This module belongs to the runtime side: it imports numpy only, so that the
+light runtime and the compiler side share one definition of what a model
+expects.
+
+A dynamic dimension is written ``-1`` in every shape Forge reports
+(:attr:`forge.IRModule.input_shapes`, the runtime's ``input_shapes``, the
+metadata JSON). An input may take any non-negative size in that dimension.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from forge_core.errors import InputError
+
+DYNAMIC_DIM = -1
+"""How a dynamic (unknown until run time) dimension appears in shapes."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """The name, shape and dtype of one model input or output."""
+
+    name: str
+    shape: tuple[int, ...] | None
+    """Dimensions, ``-1`` where dynamic; ``None`` when even the rank is unknown."""
+    dtype: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": None if self.shape is None else list(self.shape), "dtype": self.dtype}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TensorSpec:
+        shape = data.get("shape")
+        return cls(str(data["name"]), None if shape is None else tuple(int(d) for d in shape), str(data["dtype"]))
+
+    def describe(self) -> str:
+        """``"name: (1, 3, ?, ?) float32"``, with ``?`` for a dynamic dimension."""
+        return f"{self.name}: {format_shape(self.shape)} {self.dtype}"
+
+
+def shape_matches(expected: tuple[int, ...] | None, given: Sequence[int]) -> bool:
+    """Whether ``given`` fits ``expected``, where ``-1`` matches any size."""
+    if expected is None:
+        return True
+    if len(expected) != len(given):
+        return False
+    return all(e == DYNAMIC_DIM or e == g for e, g in zip(expected, given))
+
+
+def format_shape(shape: Sequence[int] | None) -> str:
+    """A shape as Python writes a tuple, ``?`` for a dynamic dimension, ``(any)`` for unknown rank."""
+    if shape is None:
+        return "(any)"
+    return "(" + ", ".join("?" if d == DYNAMIC_DIM else str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def check_inputs(specs: Sequence[TensorSpec], arrays: Sequence[Any]) -> list[np.ndarray]:
+    """Check positional inputs against ``specs`` and return them as numpy arrays.
+
+    Raises :class:`forge_core.errors.InputError` naming the input and the
+    expected and given count, dtype or shape. Inputs are never cast silently.
+    """
+    if len(arrays) != len(specs):
+        names = ", ".join(repr(s.name) for s in specs)
+        raise InputError(
+            f"The model takes {len(specs)} input{'s' if len(specs) != 1 else ''} ({names}); "
+            f"{len(arrays)} {'were' if len(arrays) != 1 else 'was'} given."
+        )
+    checked = []
+    for index, (spec, value) in enumerate(zip(specs, arrays)):
+        if not isinstance(value, np.ndarray):
+            if hasattr(value, "numpy") and callable(value.numpy):
+                value = value.numpy()
+            else:
+                value = np.asarray(value)
+        given_dtype = str(value.dtype)
+        if given_dtype != spec.dtype:
+            raise InputError(
+                f"Input {spec.name!r} (#{index}): expected dtype {spec.dtype}, given {given_dtype}. "
+                f"Convert it with array.astype({spec.dtype!r})."
+            )
+        if not shape_matches(spec.shape, value.shape):
+            raise InputError(
+                f"Input {spec.name!r} (#{index}): expected shape {format_shape(spec.shape)}, "
+                f"given {format_shape(value.shape)}."
+            )
+        checked.append(np.ascontiguousarray(value))
+    return checked

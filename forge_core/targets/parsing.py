@@ -1,0 +1,195 @@
+"""Turn a target in any of the docs' forms into a :class:`tvm.target.Target`.
+
+TVM 0.27 accepts only a config dict (or a registered TVM tag). Forge accepts,
+for ``target`` and ``host`` alike:
+
+* a docs-style string: ``"llvm -mcpu=skylake -mattr=+avx2,+fma -num-cores=4"``,
+  ``"cuda -arch=sm_86"``; each ``-key=value`` is typed by the target kind's
+  option schema (ints, bools, comma-separated lists);
+* a JSON string: ``'{"kind": "llvm", "mcpu": "skylake"}'``;
+* a dict: ``{"kind": "cuda", "arch": "sm_86", "host": {...}}``;
+* a tag name registered by a plugin: ``"raspberry-pi/5"``;
+* a :class:`tvm.target.Target`.
+
+Errors raise :class:`forge_core.errors.TargetError` naming the bad part and,
+where they exist, close tag names or option names.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import shlex
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import tvm
+from tvm.target import Target
+
+from forge_core.errors import TargetError
+
+TargetLike = str | Mapping[str, Any] | Target
+
+# Options the docs list that TVM 0.27 no longer has; dropped with a warning.
+_RETIRED_OPTIONS = {"system-lib", "runtime", "link-params", "executor"}
+
+
+def _known_kinds() -> list[str]:
+    return [str(k) for k in Target.list_kinds()]
+
+
+def _kind_options(kind: str) -> dict[str, str]:
+    try:
+        return dict(Target({"kind": kind}).kind.options)
+    except Exception as exc:  # noqa: BLE001
+        raise TargetError(f"Unknown target kind {kind!r}. Known kinds: {', '.join(sorted(_known_kinds()))}") from exc
+
+
+def _tags() -> dict[str, Any]:
+    from forge_core.plugin_manager import get_plugin_manager
+
+    return get_plugin_manager().target_tags()
+
+
+def _suggest(word: str, candidates: list[str]) -> str:
+    close = difflib.get_close_matches(word, candidates, n=5, cutoff=0.5)
+    if not close:
+        # Tags are long; try matching on the last path component too.
+        tail = word.rsplit("/", 1)[-1]
+        close = [c for c in candidates if tail and tail.lower() in c.lower()][:5]
+    return f" Did you mean: {', '.join(close)}?" if close else ""
+
+
+def _typed(kind: str, key: str, value: str | None, schema: dict[str, str], source: str) -> Any:
+    kind_type = schema[key]
+    if kind_type == "bool":
+        if value is None or value.lower() in ("1", "true", "yes", "on"):
+            return True
+        if value.lower() in ("0", "false", "no", "off"):
+            return False
+        raise TargetError(f"Target option -{key} of {source!r} expects true or false, given {value!r}")
+    if value is None:
+        raise TargetError(f"Target option -{key} of {source!r} needs a value: -{key}=...")
+    if kind_type == "int":
+        try:
+            return int(value)
+        except ValueError:
+            raise TargetError(f"Target option -{key} of {source!r} expects an integer, given {value!r}") from None
+    if kind_type.startswith("Array"):
+        return [part for part in value.split(",") if part]
+    if kind_type == "target.Target":
+        return target_config(value)
+    return value
+
+
+def _parse_cli(text: str) -> dict[str, Any]:
+    try:
+        tokens = shlex.split(text)
+    except ValueError as exc:
+        raise TargetError(f"Malformed target string {text!r}: {exc}") from exc
+    kind, options = tokens[0], tokens[1:]
+    schema = _kind_options(kind)
+    config: dict[str, Any] = {"kind": kind}
+    for token in options:
+        if not token.startswith("-") or token.strip("-") == "":
+            raise TargetError(
+                f"Malformed target string {text!r}: {token!r} is not an option; options look like -key=value"
+            )
+        key, _, value = token.lstrip("-").partition("=")
+        if key in _RETIRED_OPTIONS:
+            warnings.warn(f"Target option -{key} in {text!r} is not supported by TVM 0.27 and is ignored", stacklevel=4)
+            continue
+        if key not in schema:
+            raise TargetError(
+                f"Unknown option -{key} for target kind {kind!r} in {text!r}."
+                f"{_suggest(key, list(schema))} Known options: {', '.join(sorted(schema))}"
+            )
+        config[key] = _typed(kind, key, value if _ else None, schema, text)
+    return config
+
+
+def target_config(target: TargetLike, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The TVM config dict of ``target``, in any form Forge accepts."""
+    if isinstance(target, Target):
+        return dict(target.export())
+    if isinstance(target, Mapping):
+        config = dict(target)
+        if "kind" not in config:
+            raise TargetError(f"Target dict {config!r} has no 'kind' (e.g. 'llvm' or 'cuda')")
+        for key in list(config):
+            if key in _RETIRED_OPTIONS:
+                warnings.warn(f"Target option {key!r} is not supported by TVM 0.27 and is ignored", stacklevel=3)
+                del config[key]
+        if isinstance(config.get("host"), (str, Mapping, Target)):
+            config["host"] = target_config(config["host"], _seen)
+        return config
+    if not isinstance(target, str):
+        raise TargetError(f"A target must be a string, dict or tvm.target.Target, not {type(target).__name__}")
+    text = target.strip()
+    if not text:
+        raise TargetError("The target string is empty")
+    if text.startswith("{"):
+        try:
+            loaded = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise TargetError(f"Target JSON {text!r} is malformed: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise TargetError(f"Target JSON {text!r} must be an object")
+        return target_config(loaded, _seen)
+    tags = _tags()
+    if text in tags:
+        if text in _seen:
+            raise TargetError(f"Target tag {text!r} refers to itself through {' -> '.join(_seen)}")
+        config = target_config(tags[text].target, _seen + (text,))
+        config["tag"] = text
+        return config
+    first = text.split()[0]
+    if first in _known_kinds():
+        return _parse_cli(text)
+    raise TargetError(
+        f"Unknown target or tag {text!r}.{_suggest(text, sorted(tags) + _known_kinds())} "
+        "List tags with forge.list_target_tags(), or give a target string such as 'llvm -mcpu=skylake'."
+    )
+
+
+def resolve_target(target: TargetLike, host: TargetLike | None = None) -> Target:
+    """A validated :class:`tvm.target.Target` for ``target`` and optional ``host``."""
+    config = target_config(target)
+    host_config = target_config(host) if host is not None else config.pop("host", None)
+    config.pop("host", None)
+    try:
+        if host_config is not None:
+            return Target(config, host=host_config)
+        return Target(config)
+    except (tvm.error.TVMError, ValueError, TypeError, RuntimeError) as exc:
+        raise TargetError(f"Invalid target {target!r}: {exc}") from exc
+
+
+def _same(default: Any, value: Any) -> bool:
+    if isinstance(default, (list, tuple)):
+        default = ",".join(str(v) for v in default)
+    elif isinstance(default, bool):
+        default = "true" if default else "false"
+    return default == value
+
+
+def target_to_string(target: Target) -> str:
+    """A docs-style string for ``target``: ``"llvm -mtriple=... -mcpu=..."``."""
+    config = dict(target.export())
+    kind = config.pop("kind")
+    parts = [kind]
+    defaults = dict(Target({"kind": kind}).export())
+    for key, value in config.items():
+        if key in ("tag", "host", "keys") or value in ("", None):
+            continue
+        if isinstance(value, (list, tuple)):
+            if not value:
+                continue
+            value = ",".join(str(v) for v in value)
+        elif isinstance(value, bool):
+            value = "true" if value else "false"
+        if key in defaults and _same(defaults[key], value):
+            continue
+        parts.append(f"-{key}={value}")
+    return " ".join(parts)

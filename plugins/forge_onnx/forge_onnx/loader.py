@@ -1,0 +1,212 @@
+"""``forge.from_onnx``: ONNX to Forge's IRModule through TVM's Relax importer."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import tempfile
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
+
+from forge_core.errors import ModelImportError, OperatorConversionError
+from forge_core.ir.module import OUTPUT_NAMES_ATTR, IRModule
+from forge_core.ir.weights import lift_weights
+from forge_onnx.model_file import read_model
+from forge_onnx.operator_support import check_operators
+
+logger = logging.getLogger("forge.onnx")
+
+Dim = int | str | None
+
+
+class _ForgeImporter(ONNXGraphImporter):
+    """TVM's importer, with every per-node failure named by node and op."""
+
+    def _convert_operator(self, op_name: str, inputs: Any, attrs: dict[str, Any], opset: int) -> Any:
+        node = attrs.get("tvm_custom", {}).get("name") or f"<unnamed {op_name}>"
+        try:
+            return super()._convert_operator(op_name, inputs, attrs, opset)
+        except OperatorConversionError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - TVM raises anything from asserts to TVMError
+            raise OperatorConversionError("onnx", op_name, node, exc) from exc
+
+
+def _model_opset(model: onnx.ModelProto) -> int:
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            return int(entry.version)
+    return 1
+
+
+def _needs_edit(model: onnx.ModelProto, shape: Mapping[str, Sequence[Dim]] | None, dtype: Any) -> bool:
+    """Whether the user's options or unnamed nodes require editing (a copy of) the model."""
+    untyped = any(vi.type.tensor_type.elem_type == onnx.TensorProto.UNDEFINED for vi in _graph_inputs(model))
+    return (
+        bool(shape)
+        or isinstance(dtype, Mapping)
+        or untyped
+        or any(not node.name for node in model.graph.node)
+    )
+
+
+def _name_nodes(model: onnx.ModelProto) -> None:
+    """Give every unnamed node a name ``<OpType>_<index>``, unique in the graph."""
+    taken = {node.name for node in model.graph.node if node.name}
+    for index, node in enumerate(model.graph.node):
+        if node.name:
+            continue
+        name = f"{node.op_type}_{index}"
+        while name in taken:
+            name += "_"
+        node.name = name
+        taken.add(name)
+
+
+def _graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    initializers = {init.name for init in model.graph.initializer}
+    return [vi for vi in model.graph.input if vi.name not in initializers]
+
+
+def _apply_shapes(model: onnx.ModelProto, shape: Mapping[str, Sequence[Dim]]) -> None:
+    inputs = {vi.name: vi for vi in _graph_inputs(model)}
+    for name, dims in shape.items():
+        if name not in inputs:
+            raise ModelImportError(
+                f"shape names input {name!r}, which the model does not have. Inputs: {', '.join(inputs)}"
+            )
+        tensor_type = inputs[name].type.tensor_type
+        declared = [d.dim_value if d.HasField("dim_value") else -1 for d in tensor_type.shape.dim]
+        if tensor_type.HasField("shape") and declared and len(declared) != len(dims):
+            raise ModelImportError(
+                f"shape for input {name!r} has rank {len(dims)}: {tuple(dims)}; the model declares rank "
+                f"{len(declared)}: {tuple(declared)}"
+            )
+        tensor_type.ClearField("shape")
+        new_shape = tensor_type.shape
+        new_shape.SetInParent()
+        for axis, dim in enumerate(dims):
+            entry = new_shape.dim.add()
+            if isinstance(dim, str):
+                entry.dim_param = dim
+            elif dim is None or int(dim) < 0:
+                entry.dim_param = f"{name}_dim{axis}"
+            else:
+                entry.dim_value = int(dim)
+
+
+def _apply_dtypes(model: onnx.ModelProto, dtype: str | Mapping[str, str]) -> None:
+    inputs = {vi.name: vi for vi in _graph_inputs(model)}
+    if isinstance(dtype, Mapping):
+        for name, value in dtype.items():
+            if name not in inputs:
+                raise ModelImportError(
+                    f"dtype names input {name!r}, which the model does not have. Inputs: {', '.join(inputs)}"
+                )
+            inputs[name].type.tensor_type.elem_type = _elem_type(value)
+    else:
+        for vi in inputs.values():
+            if vi.type.tensor_type.elem_type == onnx.TensorProto.UNDEFINED:
+                vi.type.tensor_type.elem_type = _elem_type(dtype)
+
+
+def _elem_type(dtype: str) -> int:
+    try:
+        return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    except TypeError as exc:
+        raise ModelImportError(f"Unknown dtype {dtype!r}") from exc
+
+
+def _save_atomically(model: onnx.ModelProto, path: str | os.PathLike[str]) -> None:
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    os.close(fd)
+    try:
+        onnx.save(model, tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _convert(model: onnx.ModelProto, opset: int | None) -> Any:
+    model_opset = _model_opset(model)
+    if opset is None:
+        opset = model_opset
+    elif opset < model_opset:
+        warnings.warn(
+            f"opset={opset} overrides the model's opset {model_opset} with a lower one; conversion may fail",
+            stacklevel=3,
+        )
+    importer = _ForgeImporter(None, "float32", keep_params_in_input=False, sanitize=False)
+    # TVM's importer prints every failing node's inputs to stdout; keep that for the debug log.
+    chatter = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(chatter):
+            return importer.from_onnx(model.graph, opset)
+    except ModelImportError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise ModelImportError(f"TVM's ONNX importer failed: {type(exc).__name__}: {exc}") from exc
+    finally:
+        if chatter.getvalue():
+            logger.debug("importer output:\n%s", chatter.getvalue())
+
+
+def load_onnx(
+    model: onnx.ModelProto | str | os.PathLike[str] | bytes,
+    shape: Mapping[str, Sequence[Dim]] | None = None,
+    dtype: str | Mapping[str, str] = "float32",
+    opset: int | None = None,
+    freeze_params: bool = True,
+    convert_config: Mapping[str, Any] | None = None,
+    export_node_renamed_model_path: str | os.PathLike[str] | None = None,
+    *,
+    fold_constants: bool = True,
+    fold_batch_norms: bool = True,
+) -> IRModule:
+    """Convert an ONNX model into a Forge IRModule. See :func:`forge.from_onnx`."""
+    started = time.perf_counter()
+    proto = read_model(model)
+    if convert_config is not None:
+        warnings.warn(
+            "from_onnx: convert_config is not honoured: TVM's Relax ONNX importer has no such options "
+            "(matmuls are always converted to Relax matmul).",
+            UserWarning,
+            stacklevel=3,
+        )
+    if _needs_edit(proto, shape, dtype):
+        edited = onnx.ModelProto()
+        edited.CopyFrom(proto)  # never modify the caller's model
+        proto = edited
+        _name_nodes(proto)
+        if shape:
+            _apply_shapes(proto, shape)
+        _apply_dtypes(proto, dtype)
+    if export_node_renamed_model_path is not None:
+        _save_atomically(proto, export_node_renamed_model_path)
+    check_operators(proto)
+    mod = _convert(proto, opset)
+    output_names = [output.name for output in proto.graph.output]
+    mod["main"] = mod["main"].with_attr(OUTPUT_NAMES_ATTR, output_names)
+    params: dict[str, Any] = {}
+    if not freeze_params:
+        mod, params = lift_weights(mod)
+    ir = IRModule(mod, params, fold_constants=fold_constants, fold_batch_norms=fold_batch_norms)
+    logger.info(
+        "Imported ONNX model (%d nodes, opset %d) in %.2f s",
+        len(proto.graph.node),
+        opset or _model_opset(proto),
+        time.perf_counter() - started,
+    )
+    return ir

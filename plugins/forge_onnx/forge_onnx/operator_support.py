@@ -1,0 +1,52 @@
+"""Which ONNX operators the importer can convert, checked before conversion starts."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+
+import onnx
+from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
+
+from forge_core.errors import UnsupportedOperatorError
+
+# Handled by the importer itself rather than through its converter table.
+_BUILT_INTO_IMPORTER = {"If", "Constant"}
+
+
+def iter_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """Every node of ``graph`` and of the subgraphs in its attributes (If, Loop, Scan)."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from iter_nodes(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from iter_nodes(sub)
+
+
+def supported_operators() -> set[str]:
+    """ONNX op types the importer converts."""
+    return set(_get_convert_map()) | _BUILT_INTO_IMPORTER
+
+
+def _display_name(node: onnx.NodeProto) -> str:
+    return f"{node.domain}.{node.op_type}" if node.domain not in ("", "ai.onnx") else node.op_type
+
+
+def check_operators(model: onnx.ModelProto) -> None:
+    """Raise one :class:`UnsupportedOperatorError` listing every unsupported op, with counts."""
+    known = supported_operators()
+    counts: Counter[str] = Counter()
+    examples: dict[str, str] = {}
+    for node in iter_nodes(model.graph):
+        if node.op_type in known and node.domain in ("", "ai.onnx", "com.microsoft"):
+            continue
+        name = _display_name(node)
+        counts[name] += 1
+        examples.setdefault(name, node.name or f"<unnamed {node.op_type}>")
+    if counts:
+        raise UnsupportedOperatorError(
+            "onnx", {op: (count, examples[op]) for op, count in counts.items()}
+        )

@@ -1,0 +1,120 @@
+"""ONNX models with random weights, built with onnx.helper, for numerical checks."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+# onnx.helper writes IR version 14, which onnxruntime 1.31 rejects.
+IR_VERSION = 10
+
+LIGHT_DIR = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light"
+LIGHT_MODELS = sorted(p.stem.removeprefix("light_") for p in LIGHT_DIR.glob("light_*.onnx"))
+
+
+def light_model_path(name: str) -> Path:
+    return LIGHT_DIR / f"light_{name}.onnx"
+
+
+def light_reference(name: str) -> np.ndarray:
+    return numpy_helper.to_array(onnx.load_tensor(str(LIGHT_DIR / f"light_{name}_output_0.pb")))
+
+
+def light_input(model: onnx.ModelProto) -> np.ndarray:
+    """The input ONNX's backend test runner feeds the light models: arange(n)/n."""
+    inits = {i.name for i in model.graph.initializer}
+    first = next(i for i in model.graph.input if i.name not in inits)
+    shape = tuple(d.dim_value if d.HasField("dim_value") else 1 for d in first.type.tensor_type.shape.dim)
+    n = int(np.prod(shape))
+    return (np.arange(n).reshape(shape) / n).astype(np.float32)
+
+
+def make_model(nodes, inputs, outputs, initializers=(), name="g", opset=OPSET) -> onnx.ModelProto:
+    graph = helper.make_graph(list(nodes), name, list(inputs), list(outputs), list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION)
+    onnx.checker.check_model(model)
+    return model
+
+
+def _init(rng: np.random.Generator, name: str, shape, scale=0.1, positive=False) -> onnx.TensorProto:
+    data = rng.standard_normal(shape).astype(np.float32) * scale
+    if positive:
+        data = np.abs(data) + 0.5
+    return numpy_helper.from_array(data, name)
+
+
+def conv_bn_net(seed: int = 0, batch: int | str = 1, channels: int = 8) -> onnx.ModelProto:
+    """Conv-BN-Relu x3 with a residual add, global pool, Flatten and Gemm: 3 Conv, 3 BN."""
+    rng = np.random.default_rng(seed)
+    c = channels
+    inits = []
+    nodes = []
+    prev, prev_c = "x", 3
+    for i in range(3):
+        inits += [
+            _init(rng, f"w{i}", (c, prev_c, 3, 3), 0.3),
+            _init(rng, f"b{i}", (c,)),
+            _init(rng, f"g{i}", (c,), positive=True),
+            _init(rng, f"beta{i}", (c,)),
+            _init(rng, f"m{i}", (c,)),
+            _init(rng, f"v{i}", (c,), positive=True),
+        ]
+        nodes += [
+            helper.make_node("Conv", [prev, f"w{i}", f"b{i}"], [f"c{i}"], name=f"conv{i}", pads=[1, 1, 1, 1]),
+            helper.make_node(
+                "BatchNormalization", [f"c{i}", f"g{i}", f"beta{i}", f"m{i}", f"v{i}"], [f"bn{i}"], name=f"bn{i}"
+            ),
+            helper.make_node("Relu", [f"bn{i}"], [f"r{i}"], name=f"relu{i}"),
+        ]
+        prev, prev_c = f"r{i}", c
+    nodes += [
+        helper.make_node("Add", ["r0", "r2"], ["res"], name="residual"),
+        helper.make_node("GlobalAveragePool", ["res"], ["gap"], name="gap"),
+        helper.make_node("Flatten", ["gap"], ["flat"], name="flatten"),
+        helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["y"], name="fc", transB=1),
+    ]
+    inits += [_init(rng, "fc_w", (10, c)), _init(rng, "fc_b", (10,))]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 16, 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 10])
+    return make_model(nodes, [x], [y], inits, name="conv_bn_net")
+
+
+def two_io_net(seed: int = 0) -> onnx.ModelProto:
+    """Two inputs (float and int64 indices), two outputs."""
+    rng = np.random.default_rng(seed)
+    inits = [_init(rng, "w", (16, 8)), _init(rng, "emb", (20, 8))]
+    nodes = [
+        helper.make_node("MatMul", ["a", "w"], ["mm"], name="matmul"),
+        helper.make_node("Gather", ["emb", "ids"], ["g"], name="gather", axis=0),
+        helper.make_node("Add", ["mm", "g"], ["sum"], name="add"),
+        helper.make_node("Softmax", ["sum"], ["probs"], name="softmax", axis=-1),
+        helper.make_node("Tanh", ["mm"], ["act"], name="tanh"),
+    ]
+    a = helper.make_tensor_value_info("a", TensorProto.FLOAT, [4, 16])
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, [4])
+    probs = helper.make_tensor_value_info("probs", TensorProto.FLOAT, [4, 8])
+    act = helper.make_tensor_value_info("act", TensorProto.FLOAT, [4, 8])
+    return make_model(nodes, [a, ids], [probs, act], inits, name="two_io")
+
+
+def unsupported_ops_net() -> onnx.ModelProto:
+    """A valid graph whose custom-domain ops no importer knows."""
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="relu"),
+        helper.make_node("FancyOp", ["r"], ["f1"], name="fancy_1", domain="com.acme"),
+        helper.make_node("FancyOp", ["f1"], ["f2"], name="fancy_2", domain="com.acme"),
+        helper.make_node("OtherOp", ["f2"], ["y"], name="other", domain="com.acme"),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    graph = helper.make_graph(nodes, "unsupported", [x], [y])
+    return helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.acme", 1)],
+        ir_version=IR_VERSION,
+    )

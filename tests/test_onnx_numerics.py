@@ -1,0 +1,102 @@
+"""Random-weight ONNX models through Forge match onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from model_factory import conv_bn_net, two_io_net
+
+import forge
+
+
+def ort_run(model, feeds):
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+@pytest.mark.parametrize("fold", [True, False], ids=["folded", "unfolded"])
+@pytest.mark.parametrize("freeze", [True, False], ids=["frozen", "params"])
+def test_conv_bn_net_matches_onnxruntime(fold, freeze):
+    model = conv_bn_net(seed=3)
+    x = np.random.default_rng(1).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    ir = forge.from_onnx(model, freeze_params=freeze, fold_constants=fold, fold_batch_norms=fold)
+    (ref,) = ort_run(model, {"x": x})
+    np.testing.assert_allclose(ir.get_inference_function()(x), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_batch_norm_folding_removes_batch_norms_and_keeps_numbers():
+    model = conv_bn_net(seed=5)
+    x = np.random.default_rng(2).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    unfolded = forge.from_onnx(model, fold_batch_norms=False)
+    folded = forge.from_onnx(model)
+    assert unfolded.operators["nn.batch_norm"] == 3
+    assert "nn.batch_norm" not in folded.operators
+    assert folded.operators["nn.conv2d"] == 3
+    np.testing.assert_allclose(
+        folded.get_inference_function()(x), unfolded.get_inference_function()(x), rtol=1e-5, atol=1e-5
+    )
+
+
+def test_two_inputs_two_outputs_match_onnxruntime():
+    model = two_io_net(seed=7)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((4, 16)).astype(np.float32)
+    ids = np.array([0, 5, 19, 3], dtype=np.int64)
+    ir = forge.from_onnx(model)
+    outs = ir.get_inference_function()(a, ids)
+    refs = ort_run(model, {"a": a, "ids": ids})
+    assert isinstance(outs, list) and len(outs) == 2
+    for out, ref in zip(outs, refs):
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("batch", [1, 3, 8])
+def test_dynamic_batch_runs_at_several_sizes(batch):
+    model = conv_bn_net(seed=11, batch="N")
+    ir = forge.from_onnx(model)
+    assert ir.input_shapes == [(-1, 3, 16, 16)]
+    x = np.random.default_rng(batch).standard_normal((batch, 3, 16, 16)).astype(np.float32)
+    (ref,) = ort_run(model, {"x": x})
+    np.testing.assert_allclose(ir.get_inference_function()(x), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_torch_exported_depthwise_network_matches_onnxruntime(tmp_path):
+    torch = pytest.importorskip("torch", reason="torch is installed by the test set-up; the model is built with it")
+    from torch import nn
+
+    torch.manual_seed(0)
+
+    class Block(nn.Module):
+        def __init__(self, c: int) -> None:
+            super().__init__()
+            self.expand = nn.Conv2d(c, 4 * c, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(4 * c)
+            self.dw = nn.Conv2d(4 * c, 4 * c, 3, padding=1, groups=4 * c, bias=False)
+            self.bn2 = nn.BatchNorm2d(4 * c)
+            self.project = nn.Conv2d(4 * c, c, 1, bias=False)
+
+        def forward(self, x):
+            y = nn.functional.relu6(self.bn1(self.expand(x)))
+            y = nn.functional.relu6(self.bn2(self.dw(y)))
+            return x + self.project(y)
+
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), Block(8), Block(8),
+                        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 5)).eval()
+    for module in net.modules():  # non-trivial running statistics
+        if isinstance(module, nn.BatchNorm2d):
+            module.running_mean.uniform_(-0.5, 0.5)
+            module.running_var.uniform_(0.5, 1.5)
+    x = torch.randn(2, 3, 32, 32)
+    path = tmp_path / "mobile.onnx"
+    torch.onnx.export(net, (x,), str(path), input_names=["image"], output_names=["logits"], opset_version=17,
+                      dynamo=False)
+    import onnx
+
+    model = onnx.load(str(path))
+    ir = forge.from_onnx(path)
+    assert ir.input_names == ["image"] and ir.output_names == ["logits"]
+    (ref,) = ort_run(model, {"image": x.numpy()})
+    np.testing.assert_allclose(ir.get_inference_function()(x.numpy()), ref, rtol=1e-4, atol=1e-5)
+    with torch.no_grad():
+        np.testing.assert_allclose(ref, net(x).numpy(), rtol=1e-4, atol=1e-5)

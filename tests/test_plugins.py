@@ -1,0 +1,177 @@
+"""The plugin core: built-ins first, entry points, checks, conflicts, install hints."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from model_factory import conv_bn_net
+from plugin_dist import write_plugin_dist
+
+import forge
+from forge_core.errors import PluginConflictError, PluginError, PluginNotInstalledError
+from forge_core.plugin_manager import ForgePluginWarning, get_plugin_manager
+
+TOY_FRONTEND = '''
+import numpy as np
+import tvm
+from tvm import relax
+from forge_core.hookspecs import hookimpl
+import forge
+
+
+def load_linear(weight, *, bias=None):
+    """A toy frontend: y = x @ weight (+ bias) as a Relax module."""
+    weight = np.asarray(weight, dtype="float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, weight.shape[0]), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, relax.const(weight)))
+            if bias is not None:
+                y = bb.emit(relax.op.add(y, relax.const(np.asarray(bias, dtype="float32"))))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return forge.IRModule(bb.get())
+
+
+@hookimpl
+def register_frontends(register):
+    register("toy", load_linear, description="toy linear models")
+
+
+@hookimpl
+def register_passes(register):
+    register("toy_identity", lambda mod, ctx: mod, stage="optimize", description="does nothing")
+'''
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch, fresh_plugins):
+    path = tmp_path / "site"
+    path.mkdir()
+    monkeypatch.syspath_prepend(str(path))
+    return path
+
+
+def test_builtins_and_the_onnx_plugin_are_listed(fresh_plugins):
+    plugins = {p.name: p for p in forge.list_plugins()}
+    builtin = plugins["folding_passes"]
+    assert builtin.builtin and builtin.distribution == "forge-core" and builtin.hooks == ("register_passes",)
+    onnx_plugin = plugins["onnx"]
+    assert onnx_plugin.distribution == "forge-onnx"
+    assert onnx_plugin.version == "0.1.0"
+    assert onnx_plugin.hooks == ("register_frontends",)
+    assert not onnx_plugin.builtin
+    # Built-ins register before external plugins.
+    names = [p.name for p in forge.list_plugins()]
+    assert names.index("folding_passes") < names.index("onnx")
+
+
+def test_a_plugin_found_through_a_real_entry_point_adds_a_loader(site):
+    write_plugin_dist(site, "forge-toy", "forge_toy_plugin", TOY_FRONTEND, entry_point="toy")
+    plugins = {p.name: p for p in forge.list_plugins()}
+    assert plugins["toy"].distribution == "forge-toy" and plugins["toy"].version == "1.0"
+    assert plugins["toy"].hooks == ("register_frontends", "register_passes")
+    weight = np.arange(6, dtype=np.float32).reshape(3, 2)
+    ir = forge.load("toy", weight, bias=[1.0, -1.0])
+    x = np.array([[1.0, 2.0, 3.0]], np.float32)
+    np.testing.assert_allclose(ir.get_inference_function()(x), x @ weight + [1.0, -1.0])
+    assert get_plugin_manager().get_pass("toy_identity").plugin == "toy"
+
+
+def test_a_plugin_that_fails_to_import_warns_and_the_rest_load(site):
+    write_plugin_dist(site, "forge-broken", "forge_broken_plugin", "raise RuntimeError('boom at import')\n")
+    with pytest.warns(ForgePluginWarning, match=r"'forge-broken'.*RuntimeError: boom at import"):
+        plugins = {p.name for p in forge.list_plugins()}
+    assert "forge-broken" not in plugins
+    assert "onnx" in plugins
+    assert isinstance(forge.from_onnx(conv_bn_net()), forge.IRModule)
+
+
+def test_two_plugins_with_the_same_loader_name_conflict_naming_both(site):
+    source = '''
+from forge_core.hookspecs import hookimpl
+@hookimpl
+def register_frontends(register):
+    register("onnx", lambda model: None)
+'''
+    write_plugin_dist(site, "forge-onnx-clone", "forge_onnx_clone", source)
+    with pytest.raises(PluginConflictError) as info:
+        forge.from_onnx(conv_bn_net())
+    message = str(info.value)
+    assert "frontend 'onnx'" in message and "'onnx'" in message and "'forge-onnx-clone'" in message
+
+
+def test_two_plugins_with_the_same_tag_conflict_naming_both(site):
+    for n in (1, 2):
+        source = f'''
+from forge_core.hookspecs import hookimpl
+@hookimpl
+def register_target_tags(register):
+    register("acme/board", "llvm -mcpu=cortex-a53", category="arm", note="board from plugin {n}")
+'''
+        write_plugin_dist(site, f"acme-tags-{n}", f"acme_tags_{n}", source)
+    with pytest.raises(PluginConflictError, match=r"target tag 'acme/board'.*'acme-tags-1'.*'acme-tags-2'"):
+        get_plugin_manager().target_tags()
+
+
+def test_a_hook_that_matches_no_spec_is_rejected(site):
+    source = '''
+from forge_core.hookspecs import hookimpl
+@hookimpl
+def register_frontend(register):  # typo: the hook is register_frontends
+    pass
+'''
+    write_plugin_dist(site, "forge-typo", "forge_typo_plugin", source)
+    with pytest.raises(PluginError, match=r"'forge-typo'.*register_frontend.*Known hooks"):
+        forge.list_plugins()
+
+
+def test_environment_variable_disables_external_plugins(fresh_plugins, monkeypatch):
+    monkeypatch.setenv("FORGE_PLUGINS", "")
+    names = {p.name for p in forge.list_plugins()}
+    assert names == {"folding_passes"}
+    with pytest.raises(PluginNotInstalledError, match=r"pip install 'forge-core\[onnx\]'"):
+        forge.from_onnx(conv_bn_net())
+
+
+def test_environment_variable_restricts_external_plugins(site, monkeypatch):
+    write_plugin_dist(site, "forge-toy", "forge_toy_plugin", TOY_FRONTEND, entry_point="toy")
+    monkeypatch.setenv("FORGE_PLUGINS", "forge-toy")  # a distribution name
+    names = {p.name for p in forge.list_plugins()}
+    assert names == {"folding_passes", "toy"}
+
+
+@pytest.mark.parametrize(
+    "loader, extra",
+    [("from_torch", "torch"), ("from_tensorflow", "tf"), ("from_keras", "tf"), ("from_tflite", "tf")],
+)
+def test_a_loader_whose_plugin_is_missing_names_the_extra(fresh_plugins, monkeypatch, loader, extra):
+    monkeypatch.setenv("FORGE_PLUGINS", "onnx")
+    with pytest.raises(PluginNotInstalledError) as info:
+        getattr(forge, loader)(object())
+    assert f"pip install 'forge-core[{extra}]'" in str(info.value)
+    assert isinstance(info.value, ImportError)
+    assert not isinstance(info.value, AttributeError)
+
+
+def test_importing_forge_does_not_import_torch_or_tensorflow():
+    code = (
+        "import sys, forge; forge.list_plugins(); "
+        "print(sorted(m for m in ('torch', 'tensorflow', 'keras') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert out.stdout.strip() == "[]"
+
+
+def test_hook_documentation_lists_every_hook():
+    from forge_core import hookspecs
+
+    for name in hookspecs.HOOK_NAMES:
+        doc = getattr(hookspecs, name).__doc__
+        assert doc and "register(" in doc, name
