@@ -45,6 +45,8 @@ TRACE_ENV = "FORGE_TRACE_HOOKS"
 
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "forge_core.builtin.folding_passes",
+    "forge_core.builtin.target_tags",
+    "forge_core.builtin.exporters",
 )
 """Modules of forge_core registered as plugins, before any external one."""
 

@@ -11,23 +11,10 @@ import tvm
 from tvm import relax
 
 from forge_core.errors import ForgeError
+from forge_core.runtime.outputs import outputs_to_numpy
 from forge_core.runtime.signature import TensorSpec, check_inputs
 
 logger = logging.getLogger("forge.inference")
-
-
-def outputs_to_numpy(value: Any) -> list[np.ndarray]:
-    """Flatten what a Relax VM returns (a tensor or nested tuples) into numpy arrays."""
-    if isinstance(value, tvm.runtime.Tensor):
-        return [value.numpy()]
-    if isinstance(value, (list, tuple)) or type(value).__name__ == "Array":
-        flat: list[np.ndarray] = []
-        for item in value:
-            flat.extend(outputs_to_numpy(item))
-        return flat
-    if isinstance(value, (int, float, bool, np.generic)):
-        return [np.asarray(value)]
-    raise ForgeError(f"Unexpected model output of type {type(value).__name__}")
 
 
 class InferenceFunction:

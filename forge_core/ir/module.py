@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -309,6 +310,85 @@ class IRModule:
         tvm_target = resolve_target(target)
         bound = weights.bind_params(self._mod, self._params)
         return build_inference_function(bound, tvm_target, self.input_specs, self.output_specs)
+
+    # ------------------------------------------------------------------
+    # Compilation
+    # ------------------------------------------------------------------
+
+    def compile(
+        self,
+        target: str | dict[str, Any] = "llvm",
+        host: str | dict[str, Any] | None = None,
+        output_path: str | os.PathLike[str] | None = "./compile_output",
+        opt_level: int = 3,
+        set_float16: bool = False,
+        set_channel_layout: str | None = None,
+        export_relay: bool = False,
+        export_metadata: bool = False,
+        force_overwrite: bool = False,
+        uuid: str | None = None,
+        encrypt_password: str | None = None,
+    ) -> None:
+        """Compiles the model for a specified target with various configuration options.
+
+        The artifact directory holds ``model_library.so`` (load it with
+        :class:`forge.Runtime`), plus ``model_relay.txt`` and
+        ``model_metadata.json`` when asked. Files are written to a temporary
+        directory beside ``output_path`` and moved in at the end: a failed
+        compile leaves ``output_path`` as it was.
+
+        Args:
+            target: A target string (``"llvm"``, ``"llvm -mcpu=skylake"``,
+                ``"cuda -arch=sm_86"``), a target tag (``"raspberry-pi/5"``, see
+                :func:`forge.list_target_tags`), a JSON string, or a dict with a
+                ``"kind"`` key and any of ``keys``, ``device``, ``libs``,
+                ``mcpu``, ``model``, ``mtriple``, ``mattr``, ``mfloat-abi``,
+                ``mabi``, ``num-cores``, ``host``. Defaults to ``"llvm"``.
+            host: The host CPU when ``target`` is a GPU, in any form ``target``
+                takes. Defaults to the machine compiling.
+            output_path: The directory to write the artifact to; it is created.
+                Defaults to ``./compile_output``.
+            opt_level: Optimization level from 0 to 4; every level includes the
+                ones below. 0: lower every operator on its own. 1: operator
+                fusion. 2: compile-time constant folding, common-subexpression
+                and dead-code elimination. 3 (default): inference
+                simplifications. 4: fast-math approximations of exp, tanh and
+                erf, and LLVM fast-math flags; results may change in the last bits.
+            set_float16: If True, converts float32 operators to float16 where
+                the operator permits, accumulating in float32; inputs and
+                outputs stay float32. Default is False.
+            set_channel_layout: ``"first"`` (NCHW) or ``"last"`` (NHWC) converts
+                convolutions to that data layout; None (default) keeps the
+                model's layout. The model's inputs keep their layout.
+            export_relay: If True, writes the final IR text to ``model_relay.txt``.
+            export_metadata: If True, writes ``model_metadata.json`` (schema in
+                the README).
+            force_overwrite: If True, replaces a non-empty ``output_path``;
+                otherwise that raises ``ValueError``. Default is False.
+            uuid: A uuid for the artifact, stored in its metadata and inside
+                the library; a random uuid4 when None.
+            encrypt_password: Encrypted artifacts arrive with a later release;
+                passing a password raises ``NotImplementedError``.
+
+        Returns:
+            None. The method writes ``output_path``.
+
+        Raises:
+            ValueError: An invalid option, or a non-empty ``output_path``
+                without ``force_overwrite``.
+            forge.TargetError: An unknown tag or malformed target (the error
+                suggests close tag names).
+            forge.CompilationError: The build failed, or the toolchain for a
+                cross target is missing (the error names what to install).
+        """
+        from forge_core.compiler.compile import compile_module
+
+        compile_module(
+            self, target=target, host=host, output_path=output_path, opt_level=opt_level,
+            set_float16=set_float16, set_channel_layout=set_channel_layout, export_relay=export_relay,
+            export_metadata=export_metadata, force_overwrite=force_overwrite, uuid=uuid,
+            encrypt_password=encrypt_password,
+        )
 
     # ------------------------------------------------------------------
     # Loaders, as the docs also spell them: forge.RelayModule.from_onnx(...)

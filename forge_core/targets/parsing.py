@@ -18,6 +18,7 @@ where they exist, close tag names or option names.
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import shlex
 import warnings
@@ -39,11 +40,17 @@ def _known_kinds() -> list[str]:
     return [str(k) for k in Target.list_kinds()]
 
 
+@functools.lru_cache(maxsize=None)
 def _kind_options(kind: str) -> dict[str, str]:
     try:
-        return dict(Target({"kind": kind}).kind.options)
+        return dict(tvm.target.TargetKind.options_from_name(kind))
     except Exception as exc:  # noqa: BLE001
         raise TargetError(f"Unknown target kind {kind!r}. Known kinds: {', '.join(sorted(_known_kinds()))}") from exc
+
+
+@functools.lru_cache(maxsize=None)
+def _kind_defaults(kind: str) -> dict[str, Any]:
+    return dict(Target({"kind": kind}).export())
 
 
 def _tags() -> dict[str, Any]:
@@ -179,7 +186,7 @@ def target_to_string(target: Target) -> str:
     config = dict(target.export())
     kind = config.pop("kind")
     parts = [kind]
-    defaults = dict(Target({"kind": kind}).export())
+    defaults = _kind_defaults(kind)
     for key, value in config.items():
         if key in ("tag", "host", "keys") or value in ("", None):
             continue

@@ -1,0 +1,5 @@
+"""The ``forge`` command line."""
+
+from forge_core.cli.app import main
+
+__all__ = ["main"]

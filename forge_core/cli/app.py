@@ -1,0 +1,91 @@
+"""Argument parsing and error handling of ``forge``.
+
+Errors print one line, ``forge: error: ...``, and exit 1; ``--debug`` shows
+the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from forge_core import __version__
+from forge_core.cli import commands
+from forge_core.compiler.options import OPT_LEVELS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="forge", description="Load, inspect, compile and run ML models.")
+    parser.add_argument("--version", action="version", version=f"forge {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def model_arguments(p: argparse.ArgumentParser) -> None:
+        p.add_argument("model", help="model file (.onnx, ...)")
+        p.add_argument("--frontend", help="loader to use (default: from the file's suffix)")
+        p.add_argument("--shape", action="append", metavar="NAME=D0,D1,...",
+                       help="override an input's shape; -1 for a dynamic dimension (repeatable)")
+
+    info = sub.add_parser("info", help="print a model's summary and operator table")
+    model_arguments(info)
+    info.set_defaults(handler=commands.cmd_info)
+
+    comp = sub.add_parser("compile", help="compile a model into an artifact directory")
+    model_arguments(comp)
+    comp.add_argument("-o", "--output", default="./compile_output", help="artifact directory (output_path)")
+    comp.add_argument("--target", default="llvm", help="target string, JSON or tag (default: llvm)")
+    comp.add_argument("--host", help="host target for GPU targets")
+    comp.add_argument("--opt-level", type=int, default=3, choices=sorted(OPT_LEVELS),
+                      help="; ".join(f"{k}: {v}" for k, v in OPT_LEVELS.items()))
+    comp.add_argument("--float16", action="store_true", help="set_float16: fp16 storage, fp32 accumulation")
+    comp.add_argument("--channel-layout", choices=["first", "last"], help="set_channel_layout")
+    comp.add_argument("--export-relay", action="store_true", help="write model_relay.txt")
+    comp.add_argument("--export-metadata", action="store_true", help="write model_metadata.json")
+    comp.add_argument("--force", action="store_true", help="force_overwrite a non-empty output directory")
+    comp.add_argument("--uuid", help="the artifact's uuid (default: random)")
+    comp.add_argument("--encrypt", action="store_true",
+                      help=f"encrypt the artifact; the password comes from ${commands.PASSWORD_ENV} or a prompt")
+    comp.set_defaults(handler=commands.cmd_compile)
+
+    run = sub.add_parser("run", help="run a compiled artifact and time it")
+    run.add_argument("artifact", help="artifact directory or model_library.so")
+    run.add_argument("--input", action="append", metavar="X.npy", help="an input, in order (default: random)")
+    run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    run.add_argument("--warmup", type=int, default=3, help="untimed runs first")
+    run.add_argument("--repeat", type=int, default=20, help="timed runs")
+    run.add_argument("--save-outputs", metavar="DIR", help="write output_<i>.npy files")
+    run.add_argument("--json", action="store_true", help="print one JSON report")
+    run.set_defaults(handler=commands.cmd_run)
+
+    tags = sub.add_parser("tags", help="list target tags")
+    tags.add_argument("--category", help="cuda, x86, arm, android, riscv, ...")
+    tags.add_argument("--verbose", action="store_true", help="show each tag's target string and note")
+    tags.set_defaults(handler=commands.cmd_tags)
+
+    plugins = sub.add_parser("plugins", help="list loaded plugins")
+    plugins.add_argument("--json", action="store_true")
+    plugins.set_defaults(handler=commands.cmd_plugins)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(name)s: %(message)s")
+    try:
+        return int(args.handler(args))
+    except KeyboardInterrupt:
+        commands.err.print("forge: interrupted")
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the CLI's contract: one line, no traceback
+        if args.debug:
+            raise
+        message = str(exc).strip() or type(exc).__name__
+        commands.err.print(f"forge: error: {message}", markup=False, highlight=False)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

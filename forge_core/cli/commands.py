@@ -1,0 +1,155 @@
+"""The ``forge`` subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from forge_core.cli.model_files import load_model
+from forge_core.errors import ForgeError
+
+PASSWORD_ENV = "FORGE_ENCRYPT_PASSWORD"
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    with err.status(f"Loading {args.model}"):
+        ir = load_model(args.model, args.frontend, args.shape)
+    out.print(ir.summary())
+    return 0
+
+
+def _password(args: argparse.Namespace) -> str | None:
+    if not args.encrypt:
+        return None
+    password = os.environ.get(PASSWORD_ENV)
+    if password:
+        return password
+    if not sys.stdin.isatty():
+        raise ForgeError(f"--encrypt needs a password: set {PASSWORD_ENV}, or run in a terminal to be prompted")
+    password = getpass.getpass("Password for the encrypted artifact: ")
+    if password != getpass.getpass("Repeat the password: "):
+        raise ForgeError("The passwords differ")
+    return password
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    password = _password(args)
+    started = time.perf_counter()
+    with err.status(f"Loading {args.model}") as status:
+        ir = load_model(args.model, args.frontend, args.shape)
+        from forge_core.compiler.compile import compile_module
+
+        path = compile_module(
+            ir,
+            target=args.target,
+            host=args.host,
+            output_path=args.output,
+            opt_level=args.opt_level,
+            set_float16=args.float16,
+            set_channel_layout=args.channel_layout,
+            export_relay=args.export_relay,
+            export_metadata=args.export_metadata,
+            force_overwrite=args.force,
+            uuid=args.uuid,
+            encrypt_password=password,
+            progress=lambda step: status.update(step),
+        )
+    files = ", ".join(sorted(p.name for p in Path(path).iterdir()))
+    out.print(f"Compiled {args.model} for {args.target} in {time.perf_counter() - started:.1f} s -> {path} ({files})")
+    return 0
+
+
+def _percentile_table(latencies_ms: np.ndarray) -> str:
+    points = {f"p{p}": float(np.percentile(latencies_ms, p)) for p in (50, 90, 99)}
+    return ", ".join(f"{k} {v:.3f} ms" for k, v in points.items()) + f", mean {latencies_ms.mean():.3f} ms"
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from forge_core.runtime import Runtime
+
+    with err.status(f"Loading {args.artifact}"):
+        runtime = Runtime(args.artifact)
+    if args.input:
+        arrays = [np.load(path, allow_pickle=False) for path in args.input]
+    else:
+        arrays = runtime.example_inputs(seed=args.seed)
+    outputs = runtime.infer(*arrays)
+    runtime.warm_up(args.warmup)
+    latencies = []
+    for _ in range(args.repeat):
+        started = time.perf_counter()
+        runtime.infer(*arrays)
+        latencies.append((time.perf_counter() - started) * 1000)
+    latencies_ms = np.array(latencies)
+    if args.save_outputs:
+        directory = Path(args.save_outputs)
+        directory.mkdir(parents=True, exist_ok=True)
+        for index, value in enumerate(outputs):
+            np.save(directory / f"output_{index}.npy", value)
+    if args.json:
+        report = {
+            "uuid": runtime.uuid,
+            "device_type": runtime.device_type,
+            "threads": runtime.num_threads,
+            "outputs": [
+                {"name": n, "shape": list(o.shape), "dtype": str(o.dtype)}
+                for n, o in zip(runtime.output_names, outputs)
+            ],
+            "latency_ms": {f"p{p}": float(np.percentile(latencies_ms, p)) for p in (50, 90, 99)}
+            | {"mean": float(latencies_ms.mean()), "runs": len(latencies)},
+        }
+        out.print(json.dumps(report), markup=False)
+        return 0
+    out.print(f"Artifact {runtime.uuid} on {runtime.device_type} ({runtime.num_threads} threads)")
+    table = Table("output", "shape", "dtype", "min", "max", "mean")
+    for name, value in zip(runtime.output_names, outputs):
+        numeric = value.astype(np.float64) if value.size else np.zeros(1)
+        table.add_row(name, str(value.shape), str(value.dtype), f"{numeric.min():.6g}", f"{numeric.max():.6g}",
+                      f"{numeric.mean():.6g}")
+    out.print(table)
+    out.print(f"Latency over {len(latencies)} runs: {_percentile_table(latencies_ms)}")
+    return 0
+
+
+def cmd_tags(args: argparse.Namespace) -> int:
+    from forge_core.targets.listing import tag_target_string, tags_in
+
+    tags = tags_in(args.category)
+    if args.category and not tags:
+        categories = sorted({t.category for t in tags_in()})
+        raise ForgeError(f"No tags in category {args.category!r}; categories: {', '.join(categories)}")
+    if not args.verbose:
+        for tag in tags:
+            out.print(tag.name, markup=False)
+        return 0
+    table = Table("tag", "category", "target", "note")
+    for tag in tags:
+        table.add_row(tag.name, tag.category, tag_target_string(tag), tag.note)
+    out.print(table)
+    return 0
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    from forge_core.plugin_manager import get_plugin_manager
+
+    plugins = get_plugin_manager().list_plugins()
+    if args.json:
+        out.print(json.dumps([p.to_dict() for p in plugins]), markup=False)
+        return 0
+    table = Table("plugin", "version", "distribution", "hooks")
+    for plugin in plugins:
+        table.add_row(plugin.name, plugin.version, plugin.distribution, ", ".join(plugin.hooks))
+    out.print(table)
+    return 0

@@ -1,0 +1,60 @@
+"""Loading a model named on the command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from forge_core.errors import ForgeError
+
+FRONTEND_BY_SUFFIX = {
+    ".onnx": "onnx",
+    ".pt": "torch",
+    ".pth": "torch",
+    ".tflite": "tflite",
+    ".h5": "keras",
+    ".keras": "keras",
+    ".pb": "tensorflow",
+}
+
+
+def frontend_for(path: Path, explicit: str | None) -> str:
+    if explicit:
+        return explicit
+    if path.is_dir() and (path / "saved_model.pb").exists():
+        return "tensorflow"
+    frontend = FRONTEND_BY_SUFFIX.get(path.suffix.lower())
+    if frontend is None:
+        known = ", ".join(sorted(FRONTEND_BY_SUFFIX))
+        raise ForgeError(f"Cannot tell the framework of {str(path)!r} from its suffix ({known}); pass --frontend")
+    return frontend
+
+
+def parse_shapes(entries: list[str] | None) -> dict[str, tuple[int, ...]] | None:
+    """``["x=1,3,224,224", "mask=-1,128"]`` -> ``{"x": (1, 3, 224, 224), "mask": (-1, 128)}``."""
+    if not entries:
+        return None
+    shapes: dict[str, tuple[int, ...]] = {}
+    for entry in entries:
+        name, sep, dims = entry.rpartition("=")
+        if not sep or not name or not dims:
+            raise ForgeError(f"--shape {entry!r} must look like NAME=D0,D1,... (e.g. input=1,3,224,224)")
+        try:
+            shapes[name] = tuple(int(d) for d in dims.split(","))
+        except ValueError:
+            raise ForgeError(f"--shape {entry!r}: dimensions must be integers (-1 for dynamic)") from None
+    return shapes
+
+
+def load_model(path_text: str, frontend: str | None, shapes: list[str] | None) -> Any:
+    import forge
+
+    path = Path(path_text)
+    if not path.exists():
+        raise FileNotFoundError(f"Model {path_text!r} does not exist")
+    name = frontend_for(path, frontend)
+    kwargs: dict[str, Any] = {}
+    parsed = parse_shapes(shapes)
+    if parsed:
+        kwargs["shape"] = parsed
+    return forge.load(name, path, **kwargs)

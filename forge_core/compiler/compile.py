@@ -1,0 +1,108 @@
+"""``IRModule.compile()``: from a module to an artifact directory."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import tvm
+
+from forge_core import __version__
+from forge_core.compiler.artifact import Artifact
+from forge_core.compiler.metadata_builder import build_metadata, input_layouts, metadata_function
+from forge_core.compiler.options import CompileOptions
+from forge_core.compiler.pipeline import build, prepare_graph
+from forge_core.compiler.staging import StagingDirectory, check_output_path
+from forge_core.compiler.toolchain import toolchain_for
+from forge_core.errors import CompilationError, ForgeError
+from forge_core.ir import weights
+from forge_core.plugin_manager import get_plugin_manager
+from forge_core.runtime import metadata as schema
+from forge_core.targets.parsing import resolve_target
+
+if TYPE_CHECKING:
+    from forge_core.ir.module import IRModule
+
+logger = logging.getLogger("forge.compile")
+
+Progress = Callable[[str], None]
+
+
+def exporter_formats(options: CompileOptions) -> list[str]:
+    """The exporters a compilation runs, in order (the metadata file last: it hashes the library)."""
+    formats = ["library"]
+    if options.export_relay:
+        formats.append("ir-text")
+    if options.export_metadata:
+        formats.append("metadata")
+    return formats
+
+
+def compile_module(
+    ir: IRModule,
+    target: str | Mapping[str, Any] | tvm.target.Target = "llvm",
+    host: str | Mapping[str, Any] | tvm.target.Target | None = None,
+    output_path: str | os.PathLike[str] | None = "./compile_output",
+    opt_level: int = 3,
+    set_float16: bool = False,
+    set_channel_layout: str | None = None,
+    export_relay: bool = False,
+    export_metadata: bool = False,
+    force_overwrite: bool = False,
+    uuid: str | None = None,
+    encrypt_password: str | None = None,
+    progress: Progress | None = None,
+) -> Path:
+    """Compile ``ir`` and write the artifact directory; returns its path. See ``IRModule.compile``."""
+    report = progress or (lambda step: logger.info("%s", step))
+    options = CompileOptions.validate(
+        output_path, opt_level, set_float16, set_channel_layout, export_relay, export_metadata,
+        force_overwrite, uuid, encrypt_password,
+    )
+    tvm_target = resolve_target(target, host)
+    check_output_path(options.output_path, options.force_overwrite)
+    toolchain = toolchain_for(tvm_target)
+    manager = get_plugin_manager()
+    exporters = [manager.exporter(fmt) for fmt in exporter_formats(options)]
+
+    started = time.perf_counter()
+    report(f"Preparing the graph for {tvm_target.kind.name} (opt_level {options.opt_level})")
+    mod = weights.bind_params(ir.mod, ir.params)
+    layouts = input_layouts(mod)
+    mod = prepare_graph(mod, options)
+    document = build_metadata(
+        options=options,
+        target=tvm_target,
+        inputs=ir.input_specs,
+        outputs=ir.output_specs,
+        layouts=layouts,
+        fingerprint=ir.fingerprint,
+        structural_hash=hash(ir),
+        forge_version=__version__,
+    )
+    final_ir = mod
+    mod = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+    mod[schema.METADATA_FUNCTION] = metadata_function(document)
+
+    report(f"Building for {document['target']['string']}")
+    try:
+        executable = build(mod, tvm_target, options.opt_level)
+    except ForgeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - TVM and LLVM fail with many error types
+        raise CompilationError(f"Building for {document['target']['string']} failed: {exc}") from exc
+    artifact = Artifact(executable, tvm_target, options, final_ir, document, toolchain)
+
+    report(f"Writing {', '.join(e.format for e in exporters)} to {options.output_path} ({toolchain.description})")
+    stage = StagingDirectory(options.output_path)
+    with stage as directory:
+        for exporter in exporters:
+            written = exporter.write(artifact, directory)
+            artifact.written[exporter.format] = [str(Path(p).relative_to(directory)) for p in written]
+        stage.commit()
+    logger.info("Compiled to %s in %.1f s", options.output_path, time.perf_counter() - started)
+    return options.output_path

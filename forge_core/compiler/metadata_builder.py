@@ -1,0 +1,90 @@
+"""Building the metadata document that is embedded in the library."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import tvm
+from tvm import relax
+
+from forge_core.compiler.options import CompileOptions
+from forge_core.runtime import metadata as schema
+from forge_core.runtime.signature import TensorSpec
+from forge_core.targets.parsing import target_to_string
+
+_LAYOUT_ATTRS = ("data_layout", "layout")
+
+
+def input_layouts(mod: tvm.IRModule) -> dict[str, str]:
+    """Layouts of ``main``'s inputs that feed a convolution or pooling directly."""
+    params = {var.name: var for var in mod["main"].params}
+    found: dict[str, str] = {}
+
+    def visit(expr: relax.Expr) -> None:
+        if not isinstance(expr, relax.Call) or not isinstance(expr.op, tvm.ir.Op) or not expr.args:
+            return
+        first = expr.args[0]
+        if not isinstance(first, relax.Var) or first.name not in params or expr.attrs is None:
+            return
+        for attr in _LAYOUT_ATTRS:
+            value = getattr(expr.attrs, attr, None)
+            if value is not None:
+                found.setdefault(first.name, str(value))
+
+    relax.analysis.post_order_visit(mod["main"], visit)
+    return found
+
+
+def _target_entry(target: tvm.target.Target | None) -> dict[str, Any] | None:
+    if target is None:
+        return None
+    from forge_core.builtin.target_tags import _plain  # the one Map-to-dict converter
+
+    config = {k: v for k, v in _plain(target).items() if k != "host"}
+    return {"string": target_to_string(target), "config": config}
+
+
+def _io(specs: list[TensorSpec], layouts: dict[str, str]) -> list[dict[str, Any]]:
+    return [{**spec.to_json(), "layout": layouts.get(spec.name)} for spec in specs]
+
+
+def build_metadata(
+    *,
+    options: CompileOptions,
+    target: tvm.target.Target,
+    inputs: list[TensorSpec],
+    outputs: list[TensorSpec],
+    layouts: dict[str, str],
+    fingerprint: str,
+    structural_hash: int,
+    forge_version: str,
+) -> dict[str, Any]:
+    host = target.host if target.kind.name != "llvm" else None
+    return {
+        "forge_artifact": schema.ARTIFACT_MARK,
+        "schema_version": schema.SCHEMA_VERSION,
+        "uuid": options.uuid,
+        "forge_version": forge_version,
+        "tvm_version": str(tvm.__version__),
+        "fingerprint": fingerprint,
+        "structural_hash": f"{structural_hash & 0xFFFFFFFFFFFFFFFF:016x}",
+        "target": _target_entry(target),
+        "host": _target_entry(host),
+        "device_type": "cuda" if target.kind.name == "cuda" else "cpu",
+        "inputs": _io(inputs, layouts),
+        "outputs": _io(outputs, {}),
+        "precision": "float16" if options.set_float16 else "float32",
+        "channel_layout": options.set_channel_layout,
+        "opt_level": options.opt_level,
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "encrypted": False,
+    }
+
+
+def metadata_function(document: dict[str, Any]) -> relax.Function:
+    """A Relax function ``forge_metadata() -> str`` that carries the document into the library."""
+    bb = relax.BlockBuilder()
+    with bb.function(schema.METADATA_FUNCTION, [], pure=True):
+        bb.emit_func_output(tvm.ir.StringImm(schema.dumps(document)))
+    return bb.get()[schema.METADATA_FUNCTION]

@@ -1,0 +1,82 @@
+"""The options of ``IRModule.compile()``, validated before any work starts."""
+
+from __future__ import annotations
+
+import os
+import uuid as uuid_lib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CHANNEL_LAYOUTS = {"first": ("NCHW", "OIHW"), "last": ("NHWC", "OHWI")}
+
+OPT_LEVELS = {
+    0: "lower every operator on its own: no fusion, no compile-time folding",
+    1: "+ operator fusion (FuseOps, FuseTIR)",
+    2: "+ compile-time constant folding, common-subexpression and dead-code elimination",
+    3: "+ inference simplifications (batch-norm decomposition, binding canonicalization); the default",
+    4: "+ fast math: fast exp/tanh/erf approximations and LLVM fast-math flags (results may differ in the last bits)",
+}
+"""What each ``opt_level`` does; every level includes the ones below it."""
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """Validated ``compile()`` options (everything but the target)."""
+
+    output_path: Path
+    opt_level: int = 3
+    set_float16: bool = False
+    set_channel_layout: str | None = None
+    export_relay: bool = False
+    export_metadata: bool = False
+    force_overwrite: bool = False
+    uuid: str = ""
+
+    @classmethod
+    def validate(
+        cls,
+        output_path: str | os.PathLike[str] | None,
+        opt_level: Any,
+        set_float16: Any,
+        set_channel_layout: Any,
+        export_relay: Any,
+        export_metadata: Any,
+        force_overwrite: Any,
+        uuid: Any,
+        encrypt_password: Any,
+    ) -> CompileOptions:
+        if encrypt_password is not None:
+            raise NotImplementedError(
+                "encrypt_password: encrypted artifacts arrive with a later Forge release; "
+                "compile without a password for now."
+            )
+        if isinstance(opt_level, bool) or not isinstance(opt_level, int) or opt_level not in OPT_LEVELS:
+            raise ValueError(f"opt_level must be an integer from 0 to 4, given {opt_level!r}")
+        if set_channel_layout not in (None, *CHANNEL_LAYOUTS):
+            raise ValueError(f"set_channel_layout must be 'first', 'last' or None, given {set_channel_layout!r}")
+        if output_path is None:
+            output_path = "./compile_output"
+        if uuid is None:
+            uuid_text = str(uuid_lib.uuid4())
+        else:
+            try:
+                uuid_text = str(uuid_lib.UUID(str(uuid)))
+            except ValueError:
+                raise ValueError(
+                    f"uuid must be a UUID such as '123e4567-e89b-12d3-a456-426614174000', given {uuid!r}"
+                ) from None
+        for name, value in (("set_float16", set_float16), ("export_relay", export_relay),
+                            ("export_metadata", export_metadata), ("force_overwrite", force_overwrite)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be True or False, given {value!r}")
+        return cls(
+            output_path=Path(output_path),
+            opt_level=opt_level,
+            set_float16=set_float16,
+            set_channel_layout=set_channel_layout,
+            export_relay=export_relay,
+            export_metadata=export_metadata,
+            force_overwrite=force_overwrite,
+            uuid=uuid_text,
+        )

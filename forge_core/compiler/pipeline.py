@@ -1,0 +1,106 @@
+"""The passes ``compile()`` runs: graph preparation, then TVM's build by target.
+
+Graph preparation (Forge):
+    bind ``params`` as constants; ``opt_level >= 3``: decompose inference ops
+    (batch norm, layer norm...) and canonicalize bindings; channel layout
+    conversion; float16 conversion; ``opt_level >= 2``: constant folding,
+    common-subexpression and dead-code elimination; ``opt_level == 4``: fast
+    math approximations.
+Build (TVM's per-target stages):
+    library dispatch, legalization and fusion (fusion from ``opt_level >= 1``),
+    schedules (GPU: TVM's dlight rules), dataflow lowering, memory planning.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import tvm
+from tvm import relax
+import importlib
+from types import ModuleType
+
+from forge_core.compiler.options import CHANNEL_LAYOUTS, CompileOptions
+
+logger = logging.getLogger("forge.compile")
+
+_LAYOUT_OPS = ("relax.nn.conv2d", "relax.nn.conv2d_transpose")
+
+
+def prepare_graph(mod: tvm.IRModule, options: CompileOptions) -> tvm.IRModule:
+    """Forge's graph-level transforms, ``params`` already bound."""
+    passes: list[tvm.transform.Pass] = []
+    if options.opt_level >= 3:
+        passes += [relax.transform.DecomposeOpsForInference(), relax.transform.CanonicalizeBindings()]
+    if options.set_channel_layout is not None:
+        data_layout, kernel_layout = CHANNEL_LAYOUTS[options.set_channel_layout]
+        desired = {op: [data_layout, kernel_layout] for op in _LAYOUT_OPS}
+        passes.append(relax.transform.ConvertLayout(desired))
+    if options.set_float16:
+        # fp16 storage, fp32 accumulation; the model's inputs and outputs stay float32.
+        passes += [relax.transform.ConvertToDataflow(), relax.transform.ToMixedPrecision(out_dtype="float32")]
+    if options.opt_level >= 2:
+        passes += [
+            relax.transform.FoldConstant(),
+            relax.transform.EliminateCommonSubexpr(),
+            relax.transform.DeadCodeElimination(["main"]),
+        ]
+    if options.opt_level >= 4:
+        passes.append(relax.transform.FastMathTransform())
+    with tvm.transform.PassContext(opt_level=options.opt_level):
+        return tvm.transform.Sequential(passes)(mod)
+
+
+_BACKENDS = {"llvm": "cpu_generic", "cuda": "cuda", "rocm": "rocm"}
+
+
+def _backend_stages(target: tvm.target.Target) -> ModuleType:
+    """TVM's per-backend stage lists (``tvm.relax.pipeline``'s dispatch misses the dataflow stage)."""
+    name = _BACKENDS.get(target.kind.name, "gpu_generic")
+    return importlib.import_module(f"tvm.relax.backend.{name}.pipeline")
+
+
+def _legalize_passes(target: tvm.target.Target, opt_level: int) -> list[tvm.transform.Pass]:
+    if target.kind.name != "llvm":
+        return list(_backend_stages(target).legalize_passes(target))  # GPU: includes TVM's dlight schedules
+    passes = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern()]
+    if opt_level >= 2:
+        passes.append(relax.transform.FoldConstant())
+    return passes + [relax.transform.FuseOps(), relax.transform.FuseTIR()]
+
+
+def build_pipeline(target: tvm.target.Target, opt_level: int) -> tvm.transform.Pass:
+    """TVM's build for ``target``, with Forge's choice of legalization and fusion."""
+
+    @tvm.transform.module_pass(opt_level=0, name="forge_build")
+    def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        stages_of = _backend_stages(target)
+        with target:
+            stages = (
+                list(stages_of.library_dispatch_passes(target))
+                + _legalize_passes(target, opt_level)
+                + list(stages_of.dataflow_lower_passes(target))
+                + list(stages_of.finalize_passes(target))
+            )
+            return tvm.transform.Sequential(stages)(mod)
+
+    return _pipeline
+
+
+def with_fast_math(target: tvm.target.Target) -> tvm.target.Target:
+    """``target`` with LLVM's fast-math flags on (opt_level 4, CPU targets)."""
+    if target.kind.name != "llvm":
+        return target
+    from forge_core.targets.parsing import target_config
+
+    config = target_config(target)
+    config["fast-math"] = True
+    return tvm.target.Target(config)
+
+
+def build(mod: tvm.IRModule, target: tvm.target.Target, opt_level: int) -> relax.VMExecutable:
+    """Lower and build ``mod`` into a VM executable."""
+    if opt_level >= 4:
+        target = with_fast_math(target)
+    with tvm.transform.PassContext(opt_level=opt_level):
+        return tvm.compile(mod, target=target, relax_pipeline=build_pipeline(target, opt_level))

@@ -1,0 +1,81 @@
+"""The artifact metadata: its schema, and reading it back out of a library file.
+
+``compile()`` embeds a JSON document in ``model_library.so`` (a Relax function
+``forge_metadata`` that returns it, stored verbatim in the library), so a
+runtime can read the uuid, target and signature without any side file, even
+for a library built for another machine. ``export_metadata=True`` writes the
+same document plus the library's SHA-256 to ``model_metadata.json``.
+
+Schema, version 1 (``schema_version``)::
+
+    forge_artifact   "model_library" (marks the document; always the first key)
+    schema_version   1
+    uuid             the artifact's uuid (the user's, or a random uuid4)
+    forge_version    Forge version that compiled it
+    tvm_version      TVM version that compiled it
+    fingerprint      IRModule.fingerprint (hex SHA-256 over structure and weights)
+    structural_hash  hash(IRModule) as 16 hex digits
+    target           {"string": docs-style target string, "config": TVM config dict}
+    host             same shape as target, or null
+    device_type      "cpu" or "cuda": where the library runs
+    inputs           [{"name", "shape", "dtype", "layout"}], -1 for a dynamic dim,
+                     layout "NCHW"/"NHWC" when the input feeds a convolution or
+                     pooling directly, else null
+    outputs          [{"name", "shape", "dtype", "layout"}]
+    precision        "float32", or "float16" with set_float16
+    channel_layout   "first", "last" or null (set_channel_layout)
+    opt_level        0..4
+    created          UTC creation time, ISO 8601
+    encrypted        false (encrypted artifacts arrive with a later release)
+    library          only in model_metadata.json: {"file": "model_library.so", "sha256": ...}
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+SCHEMA_VERSION = 1
+ARTIFACT_MARK = "model_library"
+LIBRARY_FILE = "model_library.so"
+METADATA_FILE = "model_metadata.json"
+IR_TEXT_FILE = "model_relay.txt"
+METADATA_FUNCTION = "forge_metadata"
+
+REQUIRED_KEYS = (
+    "forge_artifact",
+    "schema_version",
+    "uuid",
+    "forge_version",
+    "tvm_version",
+    "fingerprint",
+    "structural_hash",
+    "target",
+    "host",
+    "device_type",
+    "inputs",
+    "outputs",
+    "precision",
+    "channel_layout",
+    "opt_level",
+    "created",
+    "encrypted",
+)
+
+_ANCHOR = b'{"forge_artifact": "' + ARTIFACT_MARK.encode() + b'"'
+
+
+def dumps(metadata: dict[str, Any]) -> str:
+    """The JSON text embedded in a library: ASCII only, ``forge_artifact`` first."""
+    ordered = {"forge_artifact": ARTIFACT_MARK, **{k: v for k, v in metadata.items() if k != "forge_artifact"}}
+    return json.dumps(ordered, ensure_ascii=True, sort_keys=False)
+
+
+def read_embedded(data: bytes) -> dict[str, Any] | None:
+    """The metadata document embedded in a library's bytes, or None when there is none."""
+    start = data.find(_ANCHOR)
+    if start < 0:
+        return None
+    text = data[start:start + 1_000_000].decode("ascii", errors="replace")
+    document, _ = json.JSONDecoder().raw_decode(text)
+    return document
