@@ -22,7 +22,15 @@ from forge_core.errors import (
 from forge_core.ir.module import IRModule, RelayModule
 from forge_core.loaders import from_keras, from_onnx, from_tensorflow, from_tflite, from_torch, load
 from forge_core.plugin_manager import PluginInfo, get_plugin_manager
+from forge_core.runtime.engine import Runtime
 from forge_core.runtime.signature import DYNAMIC_DIM, TensorSpec
+from forge_core.targets.listing import (
+    list_android_tags,
+    list_arm_tags,
+    list_cuda_tags,
+    list_target_tags,
+    list_x86_tags,
+)
 
 
 def list_plugins() -> list[PluginInfo]:
@@ -43,6 +51,12 @@ __all__ = [
     "from_tflite",
     "load",
     "list_plugins",
+    "list_target_tags",
+    "list_cuda_tags",
+    "list_x86_tags",
+    "list_arm_tags",
+    "list_android_tags",
+    "Runtime",
     "PluginInfo",
     "ForgeError",
     "PluginError",

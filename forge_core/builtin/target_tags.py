@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from forge_core.hookspecs import hookimpl
+from forge_core.targets.parsing import plain_config
 
 _AARCH64 = "-mtriple=aarch64-linux-gnu"
 _X86 = "-mtriple=x86_64-linux-gnu"
@@ -70,28 +71,6 @@ ANDROID = [
 TVM_TAG_CATEGORIES = {"nvidia": "cuda", "arm": "arm", "raspberry-pi": "arm", "aws/cpu": "x86", "riscv": "riscv"}
 
 
-def _plain(value: Any) -> Any:
-    """A TVM container (Map, Array, Target) as plain Python values."""
-    if hasattr(value, "export") and callable(value.export):
-        value = value.export()
-    if hasattr(value, "items"):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)) or type(value).__name__ == "Array":
-        return [_plain(v) for v in value]
-    if isinstance(value, (bool, int, float, str)) or value is None:
-        return value
-    return str(value)
-
-
-def _config_from_tvm(value: Any) -> dict[str, Any]:
-    config = _plain(value)
-    for key in [k for k in config if k.startswith("feature.") or (k == "tag" and not config[k])]:
-        del config[key]
-    if isinstance(config.get("host"), dict):
-        config["host"] = {k: v for k, v in config["host"].items() if not k.startswith("feature.") and k != "tag"}
-    return config
-
-
 def _tvm_note(name: str, config: dict[str, Any]) -> str:
     if config.get("kind") == "cuda":
         host = config.get("host") or {}
@@ -108,7 +87,7 @@ def _tvm_tags() -> Iterator[tuple[str, dict[str, Any], str]]:
         category = next((cat for prefix, cat in TVM_TAG_CATEGORIES.items() if name.startswith(prefix + "/")), None)
         if category is None:
             continue
-        config = _config_from_tvm(target)
+        config = plain_config(target)
         if category != "cuda" and config.get("kind") != "llvm":
             continue
         yield name, config, category

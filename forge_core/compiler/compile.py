@@ -101,7 +101,15 @@ def compile_module(
     stage = StagingDirectory(options.output_path)
     with stage as directory:
         for exporter in exporters:
-            written = exporter.write(artifact, directory)
+            try:
+                written = exporter.write(artifact, directory)
+            except ForgeError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - compilers and linkers fail in many ways
+                raise CompilationError(
+                    f"Writing {exporter.format} (exporter of plugin {exporter.plugin!r}) failed: "
+                    f"{type(exc).__name__}: {str(exc).strip()}"
+                ) from exc
             artifact.written[exporter.format] = [str(Path(p).relative_to(directory)) for p in written]
         stage.commit()
     logger.info("Compiled to %s in %.1f s", options.output_path, time.perf_counter() - started)

@@ -11,7 +11,7 @@ from tvm import relax
 from forge_core.compiler.options import CompileOptions
 from forge_core.runtime import metadata as schema
 from forge_core.runtime.signature import TensorSpec
-from forge_core.targets.parsing import target_to_string
+from forge_core.targets.parsing import plain_config, target_to_string
 
 _LAYOUT_ATTRS = ("data_layout", "layout")
 
@@ -39,9 +39,7 @@ def input_layouts(mod: tvm.IRModule) -> dict[str, str]:
 def _target_entry(target: tvm.target.Target | None) -> dict[str, Any] | None:
     if target is None:
         return None
-    from forge_core.builtin.target_tags import _plain  # the one Map-to-dict converter
-
-    config = {k: v for k, v in _plain(target).items() if k != "host"}
+    config = {k: v for k, v in plain_config(target).items() if k != "host"}
     return {"string": target_to_string(target), "config": config}
 
 

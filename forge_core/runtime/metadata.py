@@ -62,6 +62,53 @@ REQUIRED_KEYS = (
     "encrypted",
 )
 
+_TARGET_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["string", "config"],
+    "properties": {"string": {"type": "string"}, "config": {"type": "object", "required": ["kind"]}},
+}
+_TENSOR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["name", "shape", "dtype", "layout"],
+    "properties": {
+        "name": {"type": "string"},
+        "shape": {"type": ["array", "null"], "items": {"type": "integer", "minimum": -1}},
+        "dtype": {"type": "string"},
+        "layout": {"type": ["string", "null"]},
+    },
+}
+JSON_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "Forge artifact metadata",
+    "type": "object",
+    "required": list(REQUIRED_KEYS),
+    "properties": {
+        "forge_artifact": {"const": ARTIFACT_MARK},
+        "schema_version": {"const": SCHEMA_VERSION},
+        "uuid": {"type": "string", "pattern": "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"},
+        "forge_version": {"type": "string"},
+        "tvm_version": {"type": "string"},
+        "fingerprint": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+        "structural_hash": {"type": "string", "pattern": "^[0-9a-f]{16}$"},
+        "target": _TARGET_SCHEMA,
+        "host": {"oneOf": [{"type": "null"}, _TARGET_SCHEMA]},
+        "device_type": {"enum": ["cpu", "cuda"]},
+        "inputs": {"type": "array", "items": _TENSOR_SCHEMA},
+        "outputs": {"type": "array", "items": _TENSOR_SCHEMA},
+        "precision": {"enum": ["float32", "float16"]},
+        "channel_layout": {"enum": ["first", "last", None]},
+        "opt_level": {"type": "integer", "minimum": 0, "maximum": 4},
+        "created": {"type": "string", "pattern": "^\\d{4}-\\d{2}-\\d{2}T\\d{2}:\\d{2}:\\d{2}Z$"},
+        "encrypted": {"type": "boolean"},
+        "library": {
+            "type": "object",
+            "required": ["file", "sha256"],
+            "properties": {"file": {"type": "string"}, "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"}},
+        },
+    },
+}
+"""The schema as JSON Schema (draft 2020-12), for validating ``model_metadata.json``."""
+
 _ANCHOR = b'{"forge_artifact": "' + ARTIFACT_MARK.encode() + b'"'
 
 

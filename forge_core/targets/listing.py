@@ -13,7 +13,12 @@ def tags_in(category: str | None = None) -> list[TargetTag]:
 
 
 def tag_target_string(tag: TargetTag) -> str:
-    """The docs-style target string a tag stands for, host included."""
+    """The docs-style target string a tag stands for, host included.
+
+    A tag registered with a string gives that string back as written.
+    """
+    if isinstance(tag.target, str) and not tag.target.lstrip().startswith("{"):
+        return tag.target
     target = resolve_target(tag.name)
     text = target_to_string(target)
     if target.host is not None and target.kind.name != "llvm":

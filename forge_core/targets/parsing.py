@@ -119,7 +119,7 @@ def _parse_cli(text: str) -> dict[str, Any]:
 def target_config(target: TargetLike, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
     """The TVM config dict of ``target``, in any form Forge accepts."""
     if isinstance(target, Target):
-        return dict(target.export())
+        return plain_config(target)
     if isinstance(target, Mapping):
         config = dict(target)
         if "kind" not in config:
@@ -160,17 +160,32 @@ def target_config(target: TargetLike, _seen: tuple[str, ...] = ()) -> dict[str, 
     )
 
 
+def _check_llvm_cpu(target: Target, source: Any) -> None:
+    """LLVM silently falls back to a generic CPU for an unknown -mcpu; Forge refuses it instead."""
+    if target.kind.name != "llvm" or not target.attrs.get("mcpu"):
+        return
+    from tvm.target import codegen
+
+    cpu = str(target.attrs["mcpu"])
+    known = [str(c) for c in codegen.llvm_get_cpu_archlist(target)]
+    if known and cpu not in known:
+        triple = target.attrs.get("mtriple") or "the host triple"
+        raise TargetError(f"Unknown CPU -mcpu={cpu} for {triple} in target {source!r}.{_suggest(cpu, known)}")
+
+
 def resolve_target(target: TargetLike, host: TargetLike | None = None) -> Target:
     """A validated :class:`tvm.target.Target` for ``target`` and optional ``host``."""
     config = target_config(target)
     host_config = target_config(host) if host is not None else config.pop("host", None)
     config.pop("host", None)
     try:
-        if host_config is not None:
-            return Target(config, host=host_config)
-        return Target(config)
+        resolved = Target(config, host=host_config) if host_config is not None else Target(config)
     except (tvm.error.TVMError, ValueError, TypeError, RuntimeError) as exc:
         raise TargetError(f"Invalid target {target!r}: {exc}") from exc
+    _check_llvm_cpu(resolved, target)
+    if resolved.host is not None:
+        _check_llvm_cpu(resolved.host, host if host is not None else target)
+    return resolved
 
 
 def _same(default: Any, value: Any) -> bool:
@@ -181,9 +196,32 @@ def _same(default: Any, value: Any) -> bool:
     return default == value
 
 
+def to_python(value: Any) -> Any:
+    """A TVM container (Target, Map, Array) as plain Python dicts, lists and scalars."""
+    if isinstance(value, Target):
+        value = value.export()
+    if hasattr(value, "items"):
+        return {str(k): to_python(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "Array":
+        return [to_python(v) for v in value]
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    return str(value)
+
+
+def plain_config(target: Target) -> dict[str, Any]:
+    """``target``'s config as a plain dict, without TVM's derived ``feature.*`` keys or an empty tag."""
+    config = to_python(target)
+    for key in [k for k in config if k.startswith("feature.") or (k == "tag" and not config[k])]:
+        del config[key]
+    if isinstance(config.get("host"), dict):
+        config["host"] = {k: v for k, v in config["host"].items() if not k.startswith("feature.") and k != "tag"}
+    return config
+
+
 def target_to_string(target: Target) -> str:
-    """A docs-style string for ``target``: ``"llvm -mtriple=... -mcpu=..."``."""
-    config = dict(target.export())
+    """A docs-style string for ``target``: ``"llvm -mtriple=... -mcpu=..."`` (host not included)."""
+    config = plain_config(target)
     kind = config.pop("kind")
     parts = [kind]
     defaults = _kind_defaults(kind)

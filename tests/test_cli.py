@@ -1,0 +1,158 @@
+"""The ``forge`` command, through a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from model_factory import conv_bn_net, light_model_path, unsupported_ops_net
+
+import forge
+
+FORGE = shutil.which("forge", path=os.path.dirname(sys.executable)) or "forge"
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def forge_cli(*args, env=None, check=True):
+    done = subprocess.run([FORGE, *map(str, args)], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "COLUMNS": "200", **(env or {})})
+    if check:
+        assert done.returncode == 0, done.stderr
+    return done
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "conv.onnx"
+    onnx.save(conv_bn_net(seed=12), str(path))
+    return path
+
+
+def test_info_prints_the_summary_and_op_table():
+    done = forge_cli("info", light_model_path("squeezenet"))
+    assert "data_0: (1, 3, 224, 224) float32" in done.stdout
+    assert "nn.conv2d" in done.stdout and "26" in done.stdout
+
+
+def test_info_with_a_shape_override(model_path):
+    done = forge_cli("info", model_path, "--shape", "x=-1,3,16,16")
+    assert "x: (?, 3, 16, 16) float32" in done.stdout
+
+
+def test_compile_then_run_with_inputs(model_path, tmp_path):
+    out = tmp_path / "artifact"
+    forge_cli("compile", model_path, "-o", out, "--target", "llvm", "--opt-level", "2", "--export-metadata",
+              "--export-relay", "--uuid", "123e4567-e89b-12d3-a456-426614174000")
+    assert sorted(os.listdir(out)) == ["model_library.so", "model_metadata.json", "model_relay.txt"]
+    x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    done = forge_cli("run", out, "--input", tmp_path / "x.npy", "--repeat", "5", "--save-outputs", tmp_path / "o")
+    assert "123e4567-e89b-12d3-a456-426614174000" in done.stdout
+    assert "p50" in done.stdout and "p90" in done.stdout and "p99" in done.stdout
+    expected = forge.from_onnx(model_path).get_inference_function()(x)
+    np.testing.assert_allclose(np.load(tmp_path / "o" / "output_0.npy"), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_compile_options_reach_the_artifact(model_path, tmp_path):
+    out = tmp_path / "a"
+    forge_cli("compile", model_path, "-o", out, "--float16", "--channel-layout", "last", "--opt-level", "4",
+              "--export-metadata")
+    meta = json.loads((out / "model_metadata.json").read_text())
+    assert (meta["precision"], meta["channel_layout"], meta["opt_level"]) == ("float16", "last", 4)
+    forge_cli("compile", model_path, "-o", out, "--force", "--target", "raspberry-pi/5")
+    assert os.listdir(out) == ["model_library.so"]  # the second compile replaced the directory
+
+
+def test_run_with_random_inputs_as_json(model_path, tmp_path):
+    out = tmp_path / "a"
+    forge_cli("compile", model_path, "-o", out)
+    report = json.loads(forge_cli("run", out, "--json", "--repeat", "3").stdout)
+    assert report["outputs"] == [{"name": "y", "shape": [1, 10], "dtype": "float32"}]
+    assert report["latency_ms"]["runs"] == 3 and report["latency_ms"]["p50"] > 0
+
+
+def test_tags_and_categories():
+    names = forge_cli("tags", "--category", "arm").stdout.split()
+    assert "raspberry-pi/5" in names and all("/" in n for n in names)
+    verbose = forge_cli("tags", "--category", "android", "--verbose").stdout
+    assert "android/cpu" in verbose and "aarch64-linux-android" in verbose
+    done = forge_cli("tags", "--category", "nope", check=False)
+    assert done.returncode == 1 and "categories: " in done.stderr
+
+
+def test_plugins():
+    listing = json.loads(forge_cli("plugins", "--json").stdout)
+    names = {p["name"] for p in listing}
+    assert {"folding_passes", "target_tags", "exporters", "onnx"} <= names
+    assert "register_frontends" in forge_cli("plugins").stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("compile", "missing.onnx", "-o", "x"), "Model 'missing.onnx' does not exist"),
+        (("compile", "{model}", "-o", "{tmp}/a", "--target", "rasberry-pi/5"), "Did you mean: raspberry-pi/5"),
+        (("compile", "{model}", "-o", "{tmp}/a", "--uuid", "nope"), "uuid must be a UUID"),
+        (("run", "{tmp}/nothing"), "No compiled library"),
+        (("info", "{unsupported}"), "com.acme.FancyOp: 2 nodes"),
+        (("info", "{model}", "--shape", "x:1,2"), "--shape 'x:1,2' must look like NAME=D0,D1"),
+    ],
+)
+def test_errors_are_one_line_without_traceback(model_path, tmp_path, args, message):
+    unsupported = tmp_path / "unsupported.onnx"
+    onnx.save(unsupported_ops_net(), str(unsupported))
+    args = [a.format(model=model_path, tmp=tmp_path, unsupported=unsupported) for a in args]
+    done = forge_cli(*args, check=False)
+    assert done.returncode == 1
+    assert done.stderr.startswith("forge: error: ")
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    done = forge_cli("--debug", "run", tmp_path / "nothing", check=False)
+    assert done.returncode != 0 and "Traceback" in done.stderr
+
+
+def test_existing_output_needs_force(model_path, tmp_path):
+    out = tmp_path / "a"
+    forge_cli("compile", model_path, "-o", out)
+    done = forge_cli("compile", model_path, "-o", out, check=False)
+    assert done.returncode == 1 and "exists and is not empty" in done.stderr
+
+
+def test_password_comes_from_the_environment_never_the_command_line(model_path, tmp_path):
+    done = forge_cli("compile", model_path, "-o", tmp_path / "e", "--encrypt",
+                     env={"FORGE_ENCRYPT_PASSWORD": "s3cret"}, check=False)
+    assert done.returncode == 1 and "encrypted artifacts arrive with a later Forge release" in done.stderr
+    done = subprocess.run([FORGE, "compile", str(model_path), "-o", str(tmp_path / "e"), "--encrypt"],
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          env={k: v for k, v in os.environ.items() if k != "FORGE_ENCRYPT_PASSWORD"})
+    assert done.returncode == 1 and "set FORGE_ENCRYPT_PASSWORD" in done.stderr
+    usage = forge_cli("compile", model_path, "-o", tmp_path / "e", "--password", "x", check=False)
+    assert usage.returncode == 2 and "unrecognized arguments: --password" in usage.stderr
+
+
+def test_a_third_party_tag_plugin_installed_with_pip(model_path, tmp_path):
+    site = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--target",
+         str(site), str(FIXTURES / "forge_acme_tags")],
+        check=True, capture_output=True, text=True, timeout=300,
+    )
+    env = {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    listing = forge_cli("tags", "--category", "acme", "--verbose", env=env).stdout
+    assert "acme/edge-1" in listing and "acme/edge-2" in listing and "cortex-a55" in listing
+    plugins = json.loads(forge_cli("plugins", "--json", env=env).stdout)
+    acme = next(p for p in plugins if p["name"] == "acme_tags")
+    assert acme["distribution"] == "forge-acme-tags" and acme["version"] == "1.0.0"
+    if shutil.which("aarch64-linux-gnu-gcc"):
+        forge_cli("compile", model_path, "-o", tmp_path / "acme", "--target", "acme/edge-1", env=env)
+        assert (tmp_path / "acme" / "model_library.so").read_bytes()[18] == 183  # EM_AARCH64

@@ -1,0 +1,144 @@
+"""The light runtime: loading, running, metadata, errors, and two libraries in one process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from model_factory import conv_bn_net, two_io_net
+
+import forge
+from forge_core.runtime import Runtime
+
+X = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    ir = forge.from_onnx(conv_bn_net(seed=21))
+    out = tmp_path_factory.mktemp("rt") / "artifact"
+    ir.compile(output_path=out, uuid="00000000-0000-4000-8000-000000000001")
+    return ir, out
+
+
+def test_infer_and_call(compiled):
+    ir, out = compiled
+    runtime = Runtime(out)
+    expected = ir.get_inference_function()(X)
+    (y,) = runtime.infer(X)
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(runtime(X)[0], y)
+
+
+def test_library_path_or_directory(compiled):
+    _, out = compiled
+    assert Runtime(out / "model_library.so").uuid == Runtime(out).uuid
+
+
+def test_introspection(compiled):
+    _, out = compiled
+    runtime = Runtime(out)
+    assert runtime.uuid == "00000000-0000-4000-8000-000000000001"
+    assert runtime.input_names == ["x"] and runtime.input_shapes == [(1, 3, 16, 16)]
+    assert runtime.input_dtypes == ["float32"]
+    assert runtime.output_shapes == [(1, 10)] and runtime.output_dtypes == ["float32"]
+    assert runtime.device_type == "cpu"
+    meta = runtime.get_metadata()
+    assert meta["uuid"] == runtime.uuid and len(meta["library"]["sha256"]) == 64
+    meta["uuid"] = "changed"
+    assert runtime.get_metadata()["uuid"] == runtime.uuid  # a copy
+
+
+def test_warm_up(compiled):
+    _, out = compiled
+    runtime = Runtime(out)
+    runtime.warm_up(3)
+    runtime.warm_up(0)
+    with pytest.raises(ValueError, match="non-negative"):
+        runtime.warm_up(-1)
+
+
+def test_uses_every_core_unless_told(compiled, monkeypatch):
+    _, out = compiled
+    monkeypatch.delenv("TVM_NUM_THREADS", raising=False)
+    monkeypatch.delenv("FORGE_NUM_THREADS", raising=False)
+    assert Runtime(out).num_threads == len(os.sched_getaffinity(0))
+    monkeypatch.setenv("FORGE_NUM_THREADS", "1")
+    assert Runtime(out).num_threads == 1
+
+
+@pytest.mark.parametrize(
+    "inputs, message",
+    [
+        ((), r"takes 1 input \('x'\); 0 were given"),
+        ((X.astype(np.float64),), r"Input 'x' \(#0\): expected dtype float32, given float64"),
+        ((X[:, :2],), r"Input 'x' \(#0\): expected shape \(1, 3, 16, 16\), given \(1, 2, 16, 16\)"),
+        ((X, X), r"takes 1 input \('x'\); 2 were given"),
+    ],
+)
+def test_wrong_inputs(compiled, inputs, message):
+    _, out = compiled
+    with pytest.raises(forge.InputError, match=message):
+        Runtime(out).infer(*inputs)
+
+
+def test_missing_library(tmp_path):
+    with pytest.raises(FileNotFoundError, match="No compiled library"):
+        Runtime(tmp_path / "nothing")
+
+
+def test_not_a_forge_library(tmp_path):
+    fake = tmp_path / "model_library.so"
+    fake.write_bytes(b"\x7fELF" + os.urandom(256))
+    with pytest.raises(forge.ForgeError, match="not a Forge library"):
+        Runtime(fake)
+
+
+def test_encryption_arguments_are_not_implemented_yet(compiled):
+    _, out = compiled
+    with pytest.raises(NotImplementedError, match="Encrypted artifacts"):
+        Runtime(out, key_path=out / "modelKey.bin", password="pw")
+
+
+def test_two_libraries_live_in_one_process(tmp_path):
+    a = forge.from_onnx(conv_bn_net(seed=1))
+    b = forge.from_onnx(two_io_net(seed=2))
+    a.compile(output_path=tmp_path / "a")
+    b.compile(output_path=tmp_path / "b")
+    ra, rb = Runtime(tmp_path / "a"), Runtime(tmp_path / "b")
+    ids = np.array([0, 1, 2, 3], np.int64)
+    inputs_b = (np.ones((4, 16), np.float32), ids)
+    np.testing.assert_allclose(ra.infer(X)[0], a.get_inference_function()(X), rtol=1e-5, atol=1e-5)
+    for got, want in zip(rb.infer(*inputs_b), b.get_inference_function()(*inputs_b)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ra.infer(X)[0], a.get_inference_function()(X), rtol=1e-5, atol=1e-5)
+
+
+def test_a_recompiled_library_at_the_same_path_is_not_stale(tmp_path):
+    """dlopen caches by path: the second load of a rewritten file must still get the new code."""
+    out = tmp_path / "same"
+    first = forge.from_onnx(conv_bn_net(seed=1))
+    second = forge.from_onnx(conv_bn_net(seed=2))
+    first.compile(output_path=out)
+    runtime_first = Runtime(out)
+    second.compile(output_path=out, force_overwrite=True)
+    runtime_second = Runtime(out)
+    np.testing.assert_allclose(runtime_second.infer(X)[0], second.get_inference_function()(X), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(runtime_first.infer(X)[0], first.get_inference_function()(X), rtol=1e-5, atol=1e-5)
+    assert not np.allclose(runtime_first.infer(X)[0], runtime_second.infer(X)[0])
+
+
+def test_the_runtime_imports_no_frontend(compiled):
+    _, out = compiled
+    code = (
+        "import sys, numpy as np\n"
+        "from forge_core.runtime import Runtime\n"
+        f"r = Runtime({str(out)!r}); r.infer(*r.example_inputs())\n"
+        "print(sorted(m for m in ('onnx', 'onnxruntime', 'torch', 'tensorflow', 'forge_onnx', 'forge',"
+        " 'forge_core.ir', 'forge_core.compiler') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
