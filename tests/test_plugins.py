@@ -134,7 +134,7 @@ def register_frontend(register):  # typo: the hook is register_frontends
 def test_environment_variable_disables_external_plugins(fresh_plugins, monkeypatch):
     monkeypatch.setenv("FORGE_PLUGINS", "")
     names = {p.name for p in forge.list_plugins()}
-    assert names == {"folding_passes"}
+    assert names == {"folding_passes", "target_tags", "exporters"}
     with pytest.raises(PluginNotInstalledError, match=r"pip install 'forge-core\[onnx\]'"):
         forge.from_onnx(conv_bn_net())
 
@@ -143,7 +143,7 @@ def test_environment_variable_restricts_external_plugins(site, monkeypatch):
     write_plugin_dist(site, "forge-toy", "forge_toy_plugin", TOY_FRONTEND, entry_point="toy")
     monkeypatch.setenv("FORGE_PLUGINS", "forge-toy")  # a distribution name
     names = {p.name for p in forge.list_plugins()}
-    assert names == {"folding_passes", "toy"}
+    assert names == {"folding_passes", "target_tags", "exporters", "toy"}
 
 
 @pytest.mark.parametrize(
