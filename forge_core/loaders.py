@@ -81,7 +81,52 @@ def from_onnx(model: Any, *args: Any, **kwargs: Any) -> IRModule:
 
 
 def from_torch(*args: Any, **kwargs: Any) -> IRModule:
-    """Load a PyTorch model. Needs the PyTorch plugin: ``pip install 'forge-core[torch]'``."""
+    """Load a PyTorch model and convert it into a Forge IRModule.
+
+    The companion parameters (weights) are handled automatically. Routes:
+
+    * a ``torch.nn.Module`` or ``torch.export.ExportedProgram`` goes through
+      ``torch.export`` and TVM's Relax exported-program importer;
+    * a traced TorchScript module (``torch.jit.trace(model, input)``) goes
+      through ONNX (TVM 0.27 has no TorchScript importer);
+    * Automatic ONNX: when the direct route fails, Forge exports the model to
+      ONNX and loads it with the ``onnx`` frontend, logging one line that says
+      why. When both fail, the error shows both causes and the unsupported ops.
+
+    Args:
+        script_module: A ``torch.nn.Module``, an ``ExportedProgram``, or a traced
+            TorchScript module.
+        input_infos: A list of ``(input name, input shape)`` or
+            ``(input name, (input shape, input type))``, e.g.
+            ``[('input0', (1, 2)), ('input1', ((3, 4), 'int'))]``. The names
+            become the model's input names (choose easy ones such as input0).
+            A dimension of ``-1`` or ``None`` is dynamic. Optional for an
+            ExportedProgram or when ``example_inputs`` is given; the names then
+            come from ``forward``'s signature.
+        custom_convert_map: Converters for ops the importer lacks or should
+            convert differently: ``{"op.overload": fn}`` (e.g.
+            ``"rrelu_with_noise_functional.default"``), where
+            ``fn(node, importer) -> relax.Var`` emits Relax through
+            ``importer.block_builder`` and reads inputs from ``importer.env``.
+            Used by the torch.export route.
+        default_type: The dtype of inputs whose ``input_infos`` give none.
+            Defaults to ``"float32"``.
+        use_parser_friendly_name: Relay-era option; **not honoured** (Relax
+            names are never parsed as text). Passing True warns.
+        keep_quantized_weight: Relay-era option; **not honoured** (quantized
+            weights are unpacked to float). Passing True warns.
+        example_inputs: Keyword-only: tensors to trace the model with, instead
+            of random ones built from ``input_infos``.
+        fallback_to_onnx: Keyword-only; False disables the automatic ONNX route.
+        onnx_opset: Keyword-only; the opset of the ONNX route. Defaults to 17.
+        fold_constants: Keyword-only; passed to :class:`forge.IRModule`.
+        fold_batch_norms: Keyword-only; passed to :class:`forge.IRModule`.
+
+    Returns:
+        Forge IRModule object
+
+    Needs the PyTorch plugin: ``pip install 'forge-core[torch]'``.
+    """
     return load("torch", *args, **kwargs)
 
 

@@ -13,11 +13,9 @@ import tvm
 from tvm import relax
 
 from forge_core.ir import identity, introspection, weights
+from forge_core.ir.naming import OUTPUT_NAMES_ATTR
 from forge_core.passes import PassContext, run_passes
 from forge_core.runtime.signature import TensorSpec
-
-OUTPUT_NAMES_ATTR = "forge.output_names"
-"""Attribute of ``main`` holding the model's output names, when the source model had them."""
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ import onnx
 from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
 
 from forge_core.errors import ModelImportError, OperatorConversionError
-from forge_core.ir.module import OUTPUT_NAMES_ATTR, IRModule
+from forge_core.ir.module import IRModule
+from forge_core.ir.naming import with_output_names
 from forge_core.ir.weights import lift_weights
 from forge_onnx.model_file import read_model
 from forge_onnx.operator_support import check_operators
@@ -197,8 +198,7 @@ def load_onnx(
         _save_atomically(proto, export_node_renamed_model_path)
     check_operators(proto)
     mod = _convert(proto, opset)
-    output_names = [output.name for output in proto.graph.output]
-    mod["main"] = mod["main"].with_attr(OUTPUT_NAMES_ATTR, output_names)
+    mod = with_output_names(mod, [output.name for output in proto.graph.output])
     params: dict[str, Any] = {}
     if not freeze_params:
         mod, params = lift_weights(mod)
