@@ -100,6 +100,18 @@ class IRModule:
         self._params = params
         self._state = state
 
+    def with_state(self, **flags: bool) -> IRModule:
+        """A copy sharing this module's IR and weights, with some state flags set.
+
+        For frontends and transforms: e.g. a loader of a quantized model returns
+        ``IRModule(mod).with_state(is_quantized=True)``. Flags are the
+        ``ModuleState`` fields.
+        """
+        unknown = set(flags) - set(vars(self._state))
+        if unknown:
+            raise TypeError(f"Unknown state flags: {', '.join(sorted(unknown))}")
+        return IRModule._from_parts(self._mod, self._params, replace(self._state, **flags))
+
     @classmethod
     def _from_parts(cls, mod: tvm.IRModule, params: dict[str, weights.Tensor], state: ModuleState) -> IRModule:
         obj = cls.__new__(cls)
