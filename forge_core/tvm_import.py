@@ -26,6 +26,9 @@ class _HideFrameworks(importlib.abc.MetaPathFinder):
 
 def import_tvm() -> ModuleType:
     """``import tvm``, keeping torch out of ``sys.modules`` unless it is already there."""
+    from forge_core.threads import set_thread_environment
+
+    set_thread_environment()  # TVM reads it once, when its thread pool starts
     if "tvm" in sys.modules:
         return sys.modules["tvm"]
     os.environ.setdefault("TVM_FFI_DISABLE_TORCH_C_DLPACK", "1")

@@ -21,6 +21,9 @@ import importlib
 from types import ModuleType
 
 from forge_core.compiler.options import CHANNEL_LAYOUTS, CompileOptions
+from forge_core.passes import PassContext
+from forge_core.plugin_manager import get_plugin_manager
+from forge_core.schedules.apply import log_fallbacks, schedule_report
 
 logger = logging.getLogger("forge.compile")
 
@@ -69,8 +72,30 @@ def _legalize_passes(target: tvm.target.Target, opt_level: int) -> list[tvm.tran
     return passes + [relax.transform.FuseOps(), relax.transform.FuseTIR()]
 
 
+def schedule_stage(target: tvm.target.Target, opt_level: int) -> tvm.transform.Pass:
+    """The registered ``schedule`` passes: external plugins' first, then the built-in ones.
+
+    Each pass schedules the PrimFuncs it recognises and leaves the others for
+    the next; the compile log then says which functions fell back.
+    """
+    manager = get_plugin_manager()
+    builtin = {info.name for info in manager.list_plugins() if info.builtin}
+    specs = sorted((p for p in manager.passes().values() if p.stage == "schedule"), key=lambda p: p.plugin in builtin)
+    context = PassContext(target=target, options={"opt_level": opt_level})
+
+    @tvm.transform.module_pass(opt_level=0, name="forge_schedules")
+    def _stage(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        for spec in specs:
+            logger.debug("schedule pass %s (plugin %s)", spec.name, spec.plugin)
+            mod = spec.transform(mod, context)
+        log_fallbacks(schedule_report(mod))
+        return mod
+
+    return _stage
+
+
 def build_pipeline(target: tvm.target.Target, opt_level: int) -> tvm.transform.Pass:
-    """TVM's build for ``target``, with Forge's choice of legalization and fusion."""
+    """TVM's build for ``target``, with Forge's legalization, fusion and schedules."""
 
     @tvm.transform.module_pass(opt_level=0, name="forge_build")
     def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
@@ -79,6 +104,7 @@ def build_pipeline(target: tvm.target.Target, opt_level: int) -> tvm.transform.P
             stages = (
                 list(stages_of.library_dispatch_passes(target))
                 + _legalize_passes(target, opt_level)
+                + [schedule_stage(target, opt_level)]
                 + list(stages_of.dataflow_lower_passes(target))
                 + list(stages_of.finalize_passes(target))
             )

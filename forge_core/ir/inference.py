@@ -13,6 +13,7 @@ from tvm import relax
 from forge_core.errors import ForgeError
 from forge_core.runtime.outputs import outputs_to_numpy
 from forge_core.runtime.signature import TensorSpec, check_inputs
+from forge_core.threads import configure_threads
 
 logger = logging.getLogger("forge.inference")
 
@@ -48,6 +49,7 @@ def build_inference_function(mod: tvm.IRModule, target: tvm.target.Target, input
         raise ForgeError(
             f"No {target.kind.name} device is present on this machine; use target='llvm' to run on the CPU."
         )
+    configure_threads()
     logger.debug("building inference function for %s", target)
     executable = tvm.compile(mod, target=target)
     return InferenceFunction(executable, device, inputs, outputs)

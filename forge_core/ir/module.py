@@ -317,7 +317,7 @@ class IRModule:
         from forge_core.ir.inference import build_inference_function
         from forge_core.targets import resolve_target
 
-        tvm_target = resolve_target(target)
+        tvm_target = resolve_target(target, host_cpu=False)  # generic code: quick to build
         bound = weights.bind_params(self._mod, self._params)
         return build_inference_function(bound, tvm_target, self.input_specs, self.output_specs)
 

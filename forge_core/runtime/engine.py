@@ -17,7 +17,7 @@ from forge_core.runtime import metadata as schema
 from forge_core.runtime.library_file import elf_machine, host_machine, load_library_bytes
 from forge_core.runtime.outputs import outputs_to_numpy
 from forge_core.runtime.signature import DYNAMIC_DIM, TensorSpec, check_inputs
-from forge_core.runtime.threads import configure_threads
+from forge_core.threads import configure_threads
 
 _DEVICES = {"cpu": tvm.cpu, "cuda": tvm.cuda}
 
@@ -65,7 +65,8 @@ class Runtime:
         device = _DEVICES[device_type](0)
         if not device.exist:
             raise ForgeError(f"{str(path)!r} is built for {device_type}, and no {device_type} device is present")
-        self.num_threads = configure_threads()
+        target_cores = (document.get("target") or {}).get("config", {}).get("num-cores")
+        self.num_threads = configure_threads(int(target_cores) if target_cores else None)
         self._path = path
         self._metadata = document
         self._metadata["library"] = {"file": str(path), "sha256": hashlib.sha256(data).hexdigest()}

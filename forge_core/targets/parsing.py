@@ -173,10 +173,35 @@ def _check_llvm_cpu(target: Target, source: Any) -> None:
         raise TargetError(f"Unknown CPU -mcpu={cpu} for {triple} in target {source!r}.{_suggest(cpu, known)}")
 
 
-def resolve_target(target: TargetLike, host: TargetLike | None = None) -> Target:
-    """A validated :class:`tvm.target.Target` for ``target`` and optional ``host``."""
-    config = target_config(target)
+def host_cpu_config(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` of an ``llvm`` target that names no CPU: this machine's CPU and core count.
+
+    ``"llvm"`` alone compiles for the machine compiling: its ``-mcpu`` (so AVX2 or
+    AVX-512 is used) and, unless given, ``-num-cores`` from ``FORGE_NUM_THREADS``
+    or the cores this process may use. Name an ``-mcpu``, an ``-mtriple`` or a
+    tag to build for another machine.
+    """
+    if config.get("kind") != "llvm" or config.get("mcpu") or config.get("mtriple"):
+        return config
+    from forge_core.threads import default_thread_count
+
+    filled = dict(config)
+    filled["mcpu"] = str(tvm.get_global_func("tvm.codegen.llvm.GetHostCPUName")())
+    filled.setdefault("num-cores", default_thread_count())
+    return filled
+
+
+def resolve_target(target: TargetLike, host: TargetLike | None = None, *, host_cpu: bool = True) -> Target:
+    """A validated :class:`tvm.target.Target` for ``target`` and optional ``host``.
+
+    With ``host_cpu`` (the default), an ``llvm`` target naming no CPU becomes
+    this machine's CPU (:func:`host_cpu_config`).
+    """
+    fill = host_cpu_config if host_cpu else dict
+    config = fill(target_config(target))
     host_config = target_config(host) if host is not None else config.pop("host", None)
+    if host_config is not None:
+        host_config = fill(host_config)
     config.pop("host", None)
     try:
         resolved = Target(config, host=host_config) if host_config is not None else Target(config)

@@ -21,6 +21,7 @@ from forge_core.errors import ModelImportError, OperatorConversionError
 from forge_core.ir.module import IRModule
 from forge_core.ir.naming import with_output_names
 from forge_core.ir.weights import lift_weights
+from forge_onnx import graph_rewrites
 from forge_onnx.model_file import read_model
 from forge_onnx.operator_support import check_operators
 
@@ -57,6 +58,7 @@ def _needs_edit(model: onnx.ModelProto, shape: Mapping[str, Sequence[Dim]] | Non
         or isinstance(dtype, Mapping)
         or untyped
         or any(not node.name for node in model.graph.node)
+        or graph_rewrites.needs_rewrite(model)
     )
 
 
@@ -196,6 +198,8 @@ def load_onnx(
         _apply_dtypes(proto, dtype)
     if export_node_renamed_model_path is not None:
         _save_atomically(proto, export_node_renamed_model_path)
+    if graph_rewrites.needs_rewrite(proto):
+        graph_rewrites.rewrite_sums(proto)
     check_operators(proto)
     mod = _convert(proto, opset)
     mod = with_output_names(mod, [output.name for output in proto.graph.output])

@@ -1,14 +1,19 @@
-"""The entry point Forge loads: registers the ``onnx`` frontend."""
+"""The entry point Forge loads: registers the ``onnx`` frontend (onnx is imported on use)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from forge_core.hookspecs import hookimpl
 
 
-@hookimpl
-def register_frontends(register: Callable[..., None]) -> None:
+def _load(*args: Any, **kwargs: Any) -> Any:
     from forge_onnx.loader import load_onnx
 
-    register("onnx", load_onnx, description="ONNX ModelProto or .onnx file, via TVM's Relax ONNX importer")
+    return load_onnx(*args, **kwargs)
+
+
+@hookimpl
+def register_frontends(register: Callable[..., None]) -> None:
+    register("onnx", _load, description="ONNX ModelProto or .onnx file, via TVM's Relax ONNX importer")

@@ -1,0 +1,29 @@
+"""Forge's default CPU schedules: rules that make legalized operators fast without tuning.
+
+Each rule is a :class:`tvm.s_tir.dlight.ScheduleRule`: ``apply(func, target,
+tunable)`` returns a scheduled :class:`tvm.s_tir.Schedule` for the PrimFuncs it
+recognises and ``None`` otherwise. :func:`apply_rules` tries the rules in order
+on every fused PrimFunc; the first that returns a schedule wins.
+
+Rules, most specific first:
+
+* :class:`Conv2dNCHW`: convolution (groups=1), NCHW activations, weights
+  repacked at compile time to ``[F/v, C, KH, KW, v]``; a register tile of up to
+  16 output pixels by one vector of output channels; fused epilogues (bias,
+  residual add, relu, clip) write each tile back.
+* :class:`GroupedConv2dNCHW`: depthwise and grouped convolutions, vectorized
+  along the output row, padding computed per channel plane.
+* :class:`Matmul`: dense, matmul and batch matmul; register tile of up to 8
+  rows by several vectors of columns, constant right-hand sides repacked.
+* TVM's ``dlight.cpu.Reduction``: softmax, layer norm, pooling to one value.
+* :class:`Elementwise`: injective chains, inlined, parallel and vectorized.
+* :class:`Generic`: anything else, parallel over its leading spatial loops.
+  Functions it takes are reported as fallbacks.
+
+Vector width and register count come from the target (AVX-512: 16 float32
+lanes and 32 registers; AVX2: 8 lanes and 16; NEON: 4 lanes and 32).
+"""
+
+from forge_core.schedules.apply import apply_rules, default_rules, schedule_report
+
+__all__ = ["apply_rules", "default_rules", "schedule_report"]

@@ -1,0 +1,114 @@
+"""Applying schedule rules to a module, and reporting which rule took which function."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Sequence
+
+import tvm
+from tvm import relax, s_tir, tirx
+from tvm.s_tir import dlight
+
+from forge_core.schedules.blocks import blocks
+from forge_core.schedules.conv2d import PREPACK, Conv2dNCHW
+from forge_core.schedules.elementwise import Elementwise, Generic
+from forge_core.schedules.grouped_conv2d import GroupedConv2dNCHW
+from forge_core.schedules.matmul import Matmul
+
+logger = logging.getLogger("forge.schedule")
+
+RULE_ATTR = "forge.schedule_rule"
+SCHEDULED_ATTR = "tirx.is_scheduled"
+FALLBACK_RULES = ("Generic",)
+
+
+def default_rules() -> list[dlight.ScheduleRule]:
+    """Forge's CPU rules, most specific first."""
+    return [Conv2dNCHW(), GroupedConv2dNCHW(), Matmul(), dlight.cpu.Reduction(), Elementwise(), Generic()]
+
+
+def _is_scheduled(func: tirx.PrimFunc) -> bool:
+    return func.attrs is not None and SCHEDULED_ATTR in func.attrs
+
+
+def apply_rules(mod: tvm.IRModule, target: tvm.target.Target, rules: Sequence[dlight.ScheduleRule]) -> tvm.IRModule:
+    """Schedule every PrimFunc not yet scheduled with the first rule that takes it.
+
+    A rule that raises is skipped (logged at debug level) and the next one
+    tried, so a rule's bug costs speed, never a failed compile.
+    """
+    updated = {}
+    with target:
+        for gv, func in mod.functions.items():
+            if not isinstance(func, tirx.PrimFunc) or _is_scheduled(func):
+                continue
+            for rule in rules:
+                name = type(rule).__name__
+                try:
+                    sch = rule.apply(func, target, False)
+                except Exception as exc:  # noqa: BLE001 - see the docstring
+                    logger.debug("rule %s failed on %s: %s", name, gv.name_hint, exc)
+                    continue
+                if sch is None:
+                    continue
+                if isinstance(sch, list):
+                    sch = sch[0]
+                scheduled = sch.mod["main"].with_attr(SCHEDULED_ATTR, True).with_attr(RULE_ATTR, name)
+                updated[gv] = scheduled
+                break
+    if not updated:
+        return mod
+    result = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+    for gv, func in updated.items():
+        result[gv] = func
+    return result
+
+
+def _has_prepack(func: tirx.PrimFunc) -> bool:
+    """Whether a rule marked a weight-repacking block (always a top-level block) in ``func``."""
+    if func.attrs is None or RULE_ATTR not in func.attrs:
+        return False
+    sch = s_tir.Schedule(func)
+    return any(PREPACK in sch.get(block).annotations for block in blocks(sch))
+
+
+def fold_repacked_weights(mod: tvm.IRModule) -> tvm.IRModule:
+    """Run the weight-repacking stages the rules marked once, at compile time.
+
+    TVM's SplitLayoutRewritePreproc fails on some opaque PrimFuncs (sorts), so
+    it sees only the functions that carry a repacking stage.
+    """
+    marked = {gv for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc) and _has_prepack(f)}
+    if not marked:
+        return mod
+    others = {gv: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc) and gv not in marked}
+    subset = tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv not in others}, attrs=mod.attrs)
+    subset = relax.transform.SplitLayoutRewritePreproc()(subset)
+    for gv, func in others.items():
+        subset[gv] = func
+    subset = relax.transform.FoldConstant()(subset)
+    return relax.transform.DeadCodeElimination()(subset)
+
+
+def schedule_report(mod: tvm.IRModule) -> dict[str, list[str]]:
+    """Function names by the rule that scheduled them; ``"unscheduled"`` for those no rule took."""
+    report: dict[str, list[str]] = {}
+    for gv, func in mod.functions.items():
+        if not isinstance(func, tirx.PrimFunc):
+            continue
+        rule = str(func.attrs[RULE_ATTR]) if func.attrs is not None and RULE_ATTR in func.attrs else "unscheduled"
+        report.setdefault(rule, []).append(gv.name_hint)
+    return report
+
+
+def log_fallbacks(report: dict[str, list[str]]) -> None:
+    counts = Counter({rule: len(names) for rule, names in report.items()})
+    logger.info("schedules: %s", ", ".join(f"{rule} {n}" for rule, n in sorted(counts.items())))
+    for rule in (*FALLBACK_RULES, "unscheduled"):
+        if report.get(rule):
+            logger.info(
+                "%d function(s) fell back to %s: %s", len(report[rule]),
+                "the generic parallel schedule" if rule != "unscheduled" else "no schedule (dynamic shapes)",
+                ", ".join(sorted(report[rule])),
+            )

@@ -1,0 +1,85 @@
+"""Reading TIR blocks and loops: extents, iteration kinds, static shapes, the target's vectors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import get_root_block
+
+
+def extent(sch: s_tir.Schedule, loop: s_tir.LoopRV) -> int | None:
+    """A loop's extent, or None when it is symbolic."""
+    value = sch.get(loop).extent
+    return int(value) if isinstance(value, (int, tirx.IntImm)) else None
+
+
+def blocks(sch: s_tir.Schedule) -> list[s_tir.SBlockRV]:
+    """The blocks directly under the function's root block, in program order."""
+    return list(sch.get_child_blocks(get_root_block(sch)))
+
+
+def iter_kinds(sch: s_tir.Schedule, block: s_tir.SBlockRV) -> str:
+    """``"SSSSRRR"``: one letter per block iterator, S spatial, R reduction, O other."""
+    letters = []
+    for iv in sch.get(block).iter_vars:
+        if iv.iter_type == tirx.IterVar.DataPar:
+            letters.append("S")
+        elif iv.iter_type == tirx.IterVar.CommReduce:
+            letters.append("R")
+        else:
+            letters.append("O")
+    return "".join(letters)
+
+
+def is_static(func: tirx.PrimFunc) -> bool:
+    """Whether every loop of every top-level block has a constant extent."""
+    sch = s_tir.Schedule(func)
+    return all(extent(sch, loop) is not None for block in blocks(sch) for loop in sch.get_loops(block))
+
+
+def name_of(sch: s_tir.Schedule, block: s_tir.SBlockRV) -> str:
+    return str(sch.get(block).name_hint)
+
+
+def largest_divisor(n: int, cap: int) -> int:
+    """The largest divisor of ``n`` that is at most ``cap``."""
+    for candidate in range(min(n, cap), 0, -1):
+        if n % candidate == 0:
+            return candidate
+    return 1
+
+
+@dataclass(frozen=True)
+class VectorUnit:
+    """What the target's SIMD unit holds: bits per register and how many registers."""
+
+    bits: int
+    registers: int
+
+    def lanes(self, dtype: str) -> int:
+        return max(1, self.bits // tvm.DataType(dtype).bits)
+
+    def vector_factor(self, size: int, dtype: str) -> int:
+        """The widest of 1, 1/2 or 1/4 of a register's lanes that divides ``size`` (1 if none)."""
+        lanes = self.lanes(dtype)
+        for candidate in (lanes, lanes // 2, lanes // 4):
+            if candidate >= 2 and size % candidate == 0:
+                return candidate
+        return 1
+
+    @property
+    def accumulators(self) -> int:
+        """How many vector accumulators a register tile may hold (room left for operands)."""
+        return self.registers - 4 if self.registers >= 32 else self.registers - 2
+
+
+def vector_unit(target: tvm.target.Target) -> VectorUnit:
+    from tvm.target import codegen
+
+    bits = int(codegen.llvm_get_vector_width(target)) if target.kind.name == "llvm" else 128
+    triple = str(target.attrs.get("mtriple", "") or "")
+    aarch64 = triple.startswith(("aarch64", "arm64"))
+    registers = 32 if bits >= 512 or aarch64 else 16
+    return VectorUnit(max(bits, 128), registers)

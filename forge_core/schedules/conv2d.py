@@ -1,0 +1,66 @@
+"""Convolution, groups=1, NCHW: ``out[n,f,y,x] = sum(pad[n,c,y*s+ry,x*s+rx] * w[f,c,ry,rx])``."""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.s_tir import dlight
+
+from forge_core.schedules.blocks import blocks, extent, is_static, iter_kinds, largest_divisor, name_of, vector_unit
+from forge_core.schedules.epilogue import attach_epilogue, schedule_padding, split_epilogue
+
+# Marks a weight-repacking block; relax.transform.SplitLayoutRewritePreproc moves it out so that
+# FoldConstant runs it once, at compile time.
+PREPACK = "meta_schedule.layout_rewrite_preproc"
+
+
+class Conv2dNCHW(dlight.ScheduleRule):
+    """Register tile: ``xt`` output pixels of a row x one vector of output channels.
+
+    Weights are repacked to ``[F/v, C, KH, KW, v]`` so that each (c, ry, rx)
+    step loads one contiguous vector; input pixels are broadcast. The reduction
+    runs over the whole tile, then the fused epilogue writes the tile back.
+    """
+
+    def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:  # type: ignore[override]
+        if not isinstance(func, tirx.PrimFunc) or not is_static(func):
+            return None
+        sch = s_tir.Schedule(func)
+        convs = [b for b in blocks(sch) if name_of(sch, b).startswith("conv2d_nchw") and iter_kinds(sch, b) == "SSSSRRR"]
+        if len(convs) != 1:
+            return None
+        conv = convs[0]
+        stmt = sch.get(conv)
+        weight = stmt.reads[-1].source
+        if len(weight.shape) != 4:
+            return None
+        n, f, y, x, rc, ry, rx = sch.get_loops(conv)
+        channels_out, width, channels_in = extent(sch, f), extent(sch, x), extent(sch, rc)
+        if int(weight.shape[1]) != channels_in or int(weight.shape[0]) != channels_out:
+            return None  # grouped: GroupedConv2dNCHW's
+        unit = vector_unit(target)
+        dtype = str(stmt.writes[0].source.dtype)
+        vec = unit.vector_factor(channels_out, dtype)
+        tile_x = largest_divisor(width, unit.accumulators if vec < unit.lanes(dtype) else min(16, unit.accumulators))
+
+        epilogue = split_epilogue(sch, conv)
+        weight_index = len(stmt.reads) - 1
+        repack = sch.cache_read(conv, weight_index, "global")
+        sch.transform_layout(conv, ("read", weight_index), lambda o, i, h, w: (o // vec, i, h, w, o % vec))
+        sch.annotate(repack, PREPACK, True)
+
+        f_outer, f_inner = sch.split(f, [None, vec])
+        x_outer, x_inner = sch.split(x, [None, tile_x])
+        sch.reorder(n, f_outer, y, x_outer, rc, ry, rx, x_inner, f_inner)
+        writer = attach_epilogue(sch, conv, epilogue)
+        sch.transform_layout(conv, ("write", 0), lambda a, b, c, d: (a, b // vec, c, d, b % vec))
+        sch.reverse_compute_at(writer, x_outer)
+        if tile_x >= 4:
+            sch.vectorize(sch.get_loops(writer)[-1])
+        sch.parallel(sch.fuse(n, f_outer, y))
+        if vec > 1:
+            sch.vectorize(f_inner)
+        sch.unroll(x_inner)
+        # Loop kinds must all be set before decompose_reduction.
+        sch.decompose_reduction(conv, rc)
+        schedule_padding(sch, unit.lanes(dtype))
+        return sch

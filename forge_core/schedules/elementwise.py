@@ -1,0 +1,61 @@
+"""Injective chains, and the generic rule for whatever no other rule takes."""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.s_tir import dlight
+
+from forge_core.schedules.blocks import blocks, extent, iter_kinds, vector_unit
+from forge_core.schedules.epilogue import parallel_vectorized
+
+
+def _lanes(sch: s_tir.Schedule, target) -> int:
+    last = blocks(sch)[-1]
+    return vector_unit(target).lanes(str(sch.get(last).writes[0].source.dtype))
+
+
+class Elementwise(dlight.ScheduleRule):
+    """Every block spatial: inline all but the last, then parallel and vectorized."""
+
+    def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:  # type: ignore[override]
+        if not isinstance(func, tirx.PrimFunc):
+            return None
+        sch = s_tir.Schedule(func)
+        all_blocks = blocks(sch)
+        if not all_blocks or any(set(iter_kinds(sch, b)) - {"S"} for b in all_blocks):
+            return None
+        for block in all_blocks[:-1]:
+            try:
+                sch.compute_inline(block)
+            except Exception:  # noqa: BLE001 - a block that cannot be inlined stays a stage of its own
+                pass
+        lanes = _lanes(sch, target)
+        for block in blocks(sch):
+            parallel_vectorized(sch, block, lanes)
+        return sch
+
+
+class Generic(dlight.ScheduleRule):
+    """The fallback: parallel over each block's leading spatial loops (up to three)."""
+
+    def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:  # type: ignore[override]
+        if not isinstance(func, tirx.PrimFunc):
+            return None
+        sch = s_tir.Schedule(func)
+        if not blocks(sch):
+            return None
+        lanes = _lanes(sch, target)
+        for block in blocks(sch):
+            kinds = iter_kinds(sch, block)
+            loops = sch.get_loops(block)
+            leading = len(kinds) - len(kinds.lstrip("S"))
+            if leading == 0 or len(loops) < leading:
+                continue
+            if leading == len(kinds):
+                parallel_vectorized(sch, block, lanes)
+                continue
+            outer = loops[: max(1, min(leading, 3))]
+            fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+            if (extent(sch, fused) or 0) >= 2:
+                sch.parallel(fused)
+        return sch

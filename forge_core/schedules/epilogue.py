@@ -1,0 +1,65 @@
+"""Shared pieces of the rules: fused epilogues, padding stages, elementwise blocks."""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+
+from forge_core.schedules.blocks import blocks, extent, name_of
+
+# Below this many elements a parallel region costs more than it saves.
+PARALLEL_MIN_ELEMENTS = 1 << 13
+
+
+def split_epilogue(sch: s_tir.Schedule, main: s_tir.SBlockRV) -> s_tir.SBlockRV | None:
+    """Inline every block after ``main`` but the last, and return that last one (None if ``main`` is last)."""
+    all_blocks = blocks(sch)
+    names = [name_of(sch, b) for b in all_blocks]
+    after = all_blocks[names.index(name_of(sch, main)) + 1:]
+    for block in after[:-1]:
+        sch.compute_inline(block)
+    return after[-1] if after else None
+
+
+def attach_epilogue(sch: s_tir.Schedule, main: s_tir.SBlockRV, epilogue: s_tir.SBlockRV | None) -> s_tir.SBlockRV:
+    """Keep ``main``'s output in registers; return the block that writes the real output."""
+    if epilogue is None:
+        return sch.cache_write(main, 0, "local")
+    sch.set_scope(main, 0, "local")
+    return epilogue
+
+
+def parallel_vectorized(sch: s_tir.Schedule, block: s_tir.SBlockRV, lanes: int) -> None:
+    """Parallel over the fused outer loops, vectorized innermost loop (an injective block)."""
+    loops = sch.get_loops(block)
+    if not loops:
+        return
+    inner = loops[-1]
+    inner_extent = extent(sch, inner)
+    total = 1
+    for loop in loops:
+        total *= extent(sch, loop) or 1
+    outer_loops = list(loops[:-1])
+    if inner_extent and inner_extent > lanes and inner_extent % lanes == 0:
+        outer, inner = sch.split(inner, [None, lanes])
+        outer_loops.append(outer)
+    if inner_extent and inner_extent >= 4 and (inner_extent <= lanes or inner_extent % lanes == 0):
+        sch.vectorize(inner)
+    if outer_loops and total >= PARALLEL_MIN_ELEMENTS:
+        fused = sch.fuse(*outer_loops) if len(outer_loops) > 1 else outer_loops[0]
+        sch.parallel(fused)
+
+
+def schedule_padding(sch: s_tir.Schedule, lanes: int) -> None:
+    """Padding stages not yet placed: inline a pure copy, else make it a parallel vectorized stage."""
+    for block in blocks(sch):
+        if not name_of(sch, block).startswith("pad_temp"):
+            continue
+        loops = sch.get_loops(block)
+        if loops and sch.get(loops[0]).kind == tirx.ForKind.PARALLEL:
+            continue  # already computed inside a parallel loop
+        stmt = sch.get(block)
+        source, dest = stmt.reads[0].source, stmt.writes[0].source
+        if [int(v) for v in source.shape] == [int(v) for v in dest.shape]:
+            sch.compute_inline(block)  # zero padding: a copy
+        else:
+            parallel_vectorized(sch, block, lanes)

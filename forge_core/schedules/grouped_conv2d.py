@@ -1,0 +1,69 @@
+"""Depthwise and grouped convolution, NCHW (legalized block ``group_conv2d_nchw``)."""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.s_tir import dlight
+from tvm.sym.pattern import detect_linear_equation
+
+from forge_core.schedules.blocks import blocks, extent, is_static, iter_kinds, largest_divisor, name_of, vector_unit
+from forge_core.schedules.epilogue import attach_epilogue, schedule_padding, split_epilogue
+
+MAX_ROW_TILE = 32
+
+
+def _x_stride(sch: s_tir.Schedule, conv: s_tir.SBlockRV) -> int:
+    """The stride along the output width: the coefficient of x in the input's last index."""
+    stmt = sch.get(conv)
+    x_var = stmt.iter_vars[3].var
+    index = stmt.reads[0].region[-1].min
+    try:
+        coefficients = detect_linear_equation(index, [x_var])
+        return int(coefficients[0]) if len(coefficients) else 1
+    except Exception:  # noqa: BLE001 - a non-linear index: treat as stride 1
+        return 1
+
+
+class GroupedConv2dNCHW(dlight.ScheduleRule):
+    """Parallel over (n, c); a row of outputs in registers, vectorized along the width.
+
+    Depthwise convolutions pad one channel plane at a time, inside the parallel
+    loop. At stride 2 the padded row is de-interleaved (even columns, then odd)
+    so that the vector loads stay contiguous.
+    """
+
+    def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:  # type: ignore[override]
+        if not isinstance(func, tirx.PrimFunc) or not is_static(func):
+            return None
+        sch = s_tir.Schedule(func)
+        convs = [b for b in blocks(sch) if name_of(sch, b).startswith(("group_conv2d", "depthwise"))
+                 and iter_kinds(sch, b) == "SSSSRRR"]
+        if len(convs) != 1:
+            return None
+        conv = convs[0]
+        dtype = str(sch.get(conv).writes[0].source.dtype)
+        lanes = vector_unit(target).lanes(dtype)
+        stride = _x_stride(sch, conv)
+        n, c, y, x, rc, ry, rx = sch.get_loops(conv)
+        width = extent(sch, x)
+        tile_x = width if width <= MAX_ROW_TILE else largest_divisor(width, MAX_ROW_TILE)
+
+        epilogue = split_epilogue(sch, conv)
+        x_outer, x_inner = sch.split(x, [None, tile_x])
+        sch.reorder(n, c, y, x_outer, rc, ry, rx, x_inner)
+        writer = attach_epilogue(sch, conv, epilogue)
+        sch.reverse_compute_at(writer, x_outer)
+        sch.vectorize(sch.get_loops(writer)[-1])
+        planes = sch.fuse(n, c)
+        sch.parallel(planes)
+        pads = [b for b in blocks(sch) if name_of(sch, b).startswith("pad_temp")]
+        if len(pads) == 1 and extent(sch, rc) == 1:
+            sch.compute_at(pads[0], planes)
+        sch.vectorize(x_inner)
+        sch.decompose_reduction(conv, rc)
+        if stride == 2:
+            for block in blocks(sch):
+                if name_of(sch, block).startswith("pad_temp"):
+                    sch.transform_layout(block, ("write", 0), lambda a, ch, h, w: (a, ch, h, w % 2, w // 2))
+        schedule_padding(sch, lanes)
+        return sch

@@ -1,0 +1,69 @@
+"""Dense, matmul and batch matmul: ``C[b.., i, j] += A[b.., i, k] * B[b.., k, j]``."""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.s_tir import dlight
+
+from forge_core.schedules.blocks import blocks, extent, is_static, iter_kinds, largest_divisor, name_of, vector_unit
+from forge_core.schedules.conv2d import PREPACK
+from forge_core.schedules.epilogue import attach_epilogue, split_epilogue
+
+MAX_ROWS = 8
+
+
+class Matmul(dlight.ScheduleRule):
+    """Register tile of ``mt`` rows x ``nt`` columns (whole vectors), k outside the tile.
+
+    Few rows (a GEMV) get a wider column tile: one accumulator chain is bound
+    by FMA latency. A two-dimensional right-hand side (a weight) is repacked to
+    ``[N/nt, K, nt]`` at compile time.
+    """
+
+    def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:  # type: ignore[override]
+        if not isinstance(func, tirx.PrimFunc) or not is_static(func):
+            return None
+        sch = s_tir.Schedule(func)
+        reductions = [b for b in blocks(sch) if "R" in iter_kinds(sch, b)]
+        if len(reductions) != 1:
+            return None
+        mm = reductions[0]
+        kinds = iter_kinds(sch, mm)
+        if not (kinds.endswith("SSR") and kinds.count("R") == 1 and set(kinds[:-1]) == {"S"}):
+            return None
+        stmt = sch.get(mm)
+        if len(stmt.reads) != 2 or not any(word in name_of(sch, mm) for word in ("matmul", "dense")):
+            return None
+        *batch, i, j, k = sch.get_loops(mm)
+        rows, cols = extent(sch, i), extent(sch, j)
+        unit = vector_unit(target)
+        dtype = str(stmt.writes[0].source.dtype)
+        vec = unit.vector_factor(cols, dtype)
+        mt = largest_divisor(rows, MAX_ROWS)
+        # Measured on AVX-512: 8x2 vectors for tall tiles; up to 5 vectors when there are few rows.
+        vectors = (2 if unit.accumulators >= 16 else 1) if mt >= 4 else min(5, unit.accumulators // mt)
+        if vec > 1:
+            fitting = [t for t in range(vec, vec * vectors + 1, vec) if cols % t == 0]
+            nt = max(fitting) if fitting else vec
+        else:
+            nt = 1
+
+        epilogue = split_epilogue(sch, mm)
+        rhs = stmt.reads[1].source
+        if len(rhs.shape) == 2 and nt > 1 and int(rhs.shape[1]) == cols:
+            repack = sch.cache_read(mm, 1, "global")
+            sch.transform_layout(mm, ("read", 1), lambda a, b: (b // nt, a, b % nt))
+            sch.annotate(repack, PREPACK, True)
+        i_outer, i_inner = sch.split(i, [None, mt])
+        j_outer, j_inner = sch.split(j, [None, nt])
+        sch.reorder(*batch, i_outer, j_outer, k, i_inner, j_inner)
+        writer = attach_epilogue(sch, mm, epilogue)
+        sch.reverse_compute_at(writer, j_outer)
+        if vec > 1:
+            sch.vectorize(sch.get_loops(writer)[-1])
+        sch.parallel(sch.fuse(*batch, i_outer, j_outer))
+        if vec > 1:
+            sch.vectorize(j_inner)
+        sch.unroll(i_inner)
+        sch.decompose_reduction(mm, k)
+        return sch

@@ -1,0 +1,56 @@
+"""How many threads TVM's runtime uses.
+
+TVM's thread pool assumes hyper-threading and starts half the cores (one
+thread on a 2-core machine), and it reads ``TVM_NUM_THREADS`` only once, when
+the pool first starts. Forge therefore sets that variable when it imports TVM
+(:func:`set_thread_environment`), and a runtime then narrows the pool to what
+the artifact asks for (:func:`configure_threads`).
+
+Order of precedence: ``FORGE_NUM_THREADS``; ``TVM_NUM_THREADS``; the
+``num-cores`` the artifact was compiled for (a tag's), capped at the cores
+this process may use; the cores this process may use.
+"""
+
+from __future__ import annotations
+
+import os
+
+THREADS_ENV = "FORGE_NUM_THREADS"
+
+# Whether TVM_NUM_THREADS was set by Forge (every core) rather than by the user.
+_chosen_by_forge = False
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def default_thread_count() -> int:
+    """``FORGE_NUM_THREADS`` if set, else every core this process may use."""
+    value = os.environ.get(THREADS_ENV)
+    return int(value) if value else available_cores()
+
+
+def set_thread_environment() -> None:
+    """Before TVM's pool starts: ``TVM_NUM_THREADS`` from ``FORGE_NUM_THREADS``, else every core."""
+    global _chosen_by_forge
+    if os.environ.get(THREADS_ENV):
+        os.environ["TVM_NUM_THREADS"] = os.environ[THREADS_ENV]
+    elif not os.environ.get("TVM_NUM_THREADS"):
+        os.environ["TVM_NUM_THREADS"] = str(available_cores())
+        _chosen_by_forge = True
+
+
+def configure_threads(target_cores: int | None = None) -> int:
+    """Size TVM's pool for an artifact compiled for ``target_cores`` cores; return the thread count."""
+    import tvm
+
+    set_thread_environment()
+    count = int(os.environ["TVM_NUM_THREADS"])
+    if target_cores and _chosen_by_forge:
+        count = max(1, min(count, int(target_cores)))
+    tvm.get_global_func("runtime.config_threadpool")(0, count)
+    return count

@@ -1,0 +1,151 @@
+"""Default CPU schedules: each rule takes its operators, and numbers match onnxruntime within 1e-4.
+
+Speed is measured in benchmarks/, never asserted here.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from model_factory import conv_bn_net, make_model
+from onnx import TensorProto, helper, numpy_helper
+
+import forge
+from forge_core.schedules.apply import RULE_ATTR, schedule_report
+
+RNG = np.random.default_rng(0)
+
+
+def single_node(op, inputs, output_shape, weights=(), **attrs):
+    """An ONNX model of one node; ``inputs`` are (name, shape) graph inputs, ``weights`` arrays."""
+    inits = [numpy_helper.from_array(w.astype(np.float32), f"w{i}") for i, w in enumerate(weights)]
+    node = helper.make_node(op, [n for n, _ in inputs] + [i.name for i in inits], ["y"], name=op.lower(), **attrs)
+    graph_inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs]
+    return make_model([node], graph_inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, output_shape)],
+                      inits)
+
+
+def compile_and_compare(model, tmp_path, caplog):
+    feeds = {vi.name: RNG.standard_normal([d.dim_value for d in vi.type.tensor_type.shape.dim]).astype(np.float32)
+             for vi in model.graph.input}
+    (expected,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    with caplog.at_level(logging.INFO, logger="forge.schedule"):
+        forge.from_onnx(model).compile(output_path=tmp_path / "a")
+    (got,) = forge.Runtime(tmp_path / "a").infer(*feeds.values())
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("schedules:"))
+    return dict((rule, int(n)) for rule, n in re.findall(r"(\w+) (\d+)", line))
+
+
+@pytest.mark.parametrize(
+    "name, model, rule",
+    [
+        ("conv3x3", single_node("Conv", [("x", [1, 16, 14, 14])], [1, 32, 14, 14],
+                                [RNG.standard_normal((32, 16, 3, 3))], pads=[1, 1, 1, 1]), "Conv2dNCHW"),
+        ("conv1x1_stride2", single_node("Conv", [("x", [1, 32, 14, 14])], [1, 64, 7, 7],
+                                        [RNG.standard_normal((64, 32, 1, 1))], strides=[2, 2]), "Conv2dNCHW"),
+        ("conv_24_channels", single_node("Conv", [("x", [1, 8, 10, 10])], [1, 24, 10, 10],
+                                         [RNG.standard_normal((24, 8, 3, 3))], pads=[1, 1, 1, 1]), "Conv2dNCHW"),
+        ("depthwise", single_node("Conv", [("x", [1, 32, 16, 16])], [1, 32, 16, 16],
+                                  [RNG.standard_normal((32, 1, 3, 3))], pads=[1, 1, 1, 1], group=32),
+         "GroupedConv2dNCHW"),
+        ("depthwise_stride2", single_node("Conv", [("x", [1, 32, 16, 16])], [1, 32, 8, 8],
+                                          [RNG.standard_normal((32, 1, 3, 3))], pads=[1, 1, 1, 1], strides=[2, 2],
+                                          group=32), "GroupedConv2dNCHW"),
+        ("grouped", single_node("Conv", [("x", [1, 32, 8, 8])], [1, 32, 8, 8],
+                                [RNG.standard_normal((32, 8, 3, 3))], pads=[1, 1, 1, 1], group=4),
+         "GroupedConv2dNCHW"),
+        ("dense", single_node("Gemm", [("x", [4, 64])], [4, 48], [RNG.standard_normal((48, 64))], transB=1),
+         "Matmul"),
+        ("gemv", single_node("MatMul", [("x", [1, 256])], [1, 160], [RNG.standard_normal((256, 160))]), "Matmul"),
+        ("batch_matmul", single_node("MatMul", [("a", [2, 4, 32, 16]), ("b", [2, 4, 16, 32])], [2, 4, 32, 32]),
+         "Matmul"),
+        ("softmax", single_node("Softmax", [("x", [8, 128])], [8, 128], axis=-1), "Reduction"),
+        ("global_pool", single_node("GlobalAveragePool", [("x", [1, 64, 7, 7])], [1, 64, 1, 1]), "Reduction"),
+        ("elementwise", single_node("Relu", [("x", [4, 64, 32])], [4, 64, 32]), "Elementwise"),
+    ],
+)
+def test_each_rule_takes_its_operator_and_keeps_the_numbers(name, model, rule, tmp_path, caplog):
+    counts = compile_and_compare(model, tmp_path, caplog)
+    assert counts.get(rule, 0) >= 1, counts
+
+
+def test_layer_norm_and_gelu_chain(tmp_path, caplog):
+    scale, bias = RNG.standard_normal(64), RNG.standard_normal(64)
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "w0", "w1"], ["ln"], name="ln", axis=-1),
+        helper.make_node("Erf", ["ln"], ["y"], name="erf"),
+    ]
+    inits = [numpy_helper.from_array(scale.astype(np.float32), "w0"), numpy_helper.from_array(bias.astype(np.float32), "w1")]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16, 64])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 16, 64])], inits)
+    counts = compile_and_compare(model, tmp_path, caplog)
+    assert "Generic" not in counts
+
+
+def test_a_whole_network_uses_the_specialised_rules(tmp_path, caplog):
+    counts = compile_and_compare(conv_bn_net(seed=3, channels=16), tmp_path, caplog)
+    assert counts["Conv2dNCHW"] >= 2 and counts["Matmul"] == 1
+
+
+def test_an_operator_no_rule_covers_still_compiles_and_is_reported(tmp_path, caplog):
+    # TopK: a sort, which no specialised rule takes.
+    nodes = [helper.make_node("TopK", ["x", "k"], ["y", "idx"], name="topk", axis=-1)]
+    k = numpy_helper.from_array(np.array([5], np.int64), "k")
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 50])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 5]),
+                        helper.make_tensor_value_info("idx", TensorProto.INT64, [4, 5])], [k])
+    x = RNG.standard_normal((4, 50)).astype(np.float32)
+    with caplog.at_level(logging.INFO, logger="forge.schedule"):
+        forge.from_onnx(model).compile(output_path=tmp_path / "a")
+    values, indices = forge.Runtime(tmp_path / "a").infer(x)
+    expected = -np.sort(-x, axis=-1)[:, :5]
+    np.testing.assert_allclose(values, expected, rtol=1e-6)
+    np.testing.assert_array_equal(np.take_along_axis(x, indices, axis=-1), values)
+    assert any("fell back" in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+
+
+def test_schedule_report_names_rules_per_function():
+    import tvm
+    from tvm import relax
+
+    from forge_core.compiler.pipeline import schedule_stage
+    from forge_core.targets import resolve_target
+
+    ir = forge.from_onnx(conv_bn_net(seed=1, channels=16))
+    target = resolve_target("llvm")
+    mod = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+                                    relax.transform.FuseOps(), relax.transform.FuseTIR()])(ir.mod)
+    mod = schedule_stage(target, 3)(mod)
+    report = schedule_report(mod)
+    assert "Conv2dNCHW" in report and all(isinstance(n, str) for names in report.values() for n in names)
+    scheduled = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert all(f.attrs is not None and RULE_ATTR in f.attrs for f in scheduled)
+
+
+def test_host_target_fills_cpu_and_cores(monkeypatch):
+    from forge_core.targets import resolve_target
+    from forge_core.threads import available_cores
+
+    monkeypatch.delenv("FORGE_NUM_THREADS", raising=False)
+    target = resolve_target("llvm")
+    assert target.attrs["mcpu"] and int(target.attrs["num-cores"]) == available_cores()
+    monkeypatch.setenv("FORGE_NUM_THREADS", "1")
+    assert int(resolve_target("llvm").attrs["num-cores"]) == 1
+    assert int(resolve_target("llvm -num-cores=3").attrs["num-cores"]) == 3
+    assert "num-cores" not in resolve_target("llvm -mcpu=skylake").attrs  # another machine: not ours
+    assert int(resolve_target("raspberry-pi/5").attrs["num-cores"]) == 4  # a tag's own
+
+
+def test_runtime_threads_follow_a_tags_cores(tmp_path, monkeypatch):
+    import forge_core.threads as threads
+
+    ir = forge.from_onnx(conv_bn_net(seed=1))
+    ir.compile(target="llvm -num-cores=1", output_path=tmp_path / "one")
+    monkeypatch.delenv("FORGE_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "_chosen_by_forge", True)
+    assert forge.Runtime(tmp_path / "one").num_threads == 1
