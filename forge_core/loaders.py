@@ -131,15 +131,134 @@ def from_torch(*args: Any, **kwargs: Any) -> IRModule:
 
 
 def from_tensorflow(*args: Any, **kwargs: Any) -> IRModule:
-    """Load a TensorFlow graph. Needs the TensorFlow plugin: ``pip install 'forge-core[tf]'``."""
+    """Load a TensorFlow graph into a Forge IRModule.
+
+    The companion parameters (weights) are handled automatically. TVM 0.27 has
+    no Relax TensorFlow importer, so Forge traces the model into a frozen
+    concrete function and converts it with TensorFlow's TFLite converter and
+    TVM's TFLite importer. When that route fails, or cannot keep a dimension
+    asked to be dynamic, Forge converts the same function with tf2onnx and
+    loads it with the ``onnx`` frontend, logging one warning (logger
+    ``forge.tf``) that says why; when both fail, the error shows both causes.
+
+    Args:
+        graph: A frozen ``tf.compat.v1.GraphDef`` (its variables turned into
+            constants) or a path to its binary ``.pb`` file, whose
+            ``Placeholder`` nodes are the inputs; a SavedModel directory
+            (signature ``serving_default``, or the only one; inputs and
+            outputs are the signature's keys); or a ``tf.function`` or
+            concrete function (inputs from its input signature, outputs
+            ``output_0``... or the keys of the dict it returns).
+        layout: ``None`` or ``"NHWC"`` keeps the graph's layout. ``"NCHW"``
+            converts the 2-D convolutions to compute in NCHW (TVM's
+            ``ConvertLayout``); the inputs keep the graph's layout.
+        shape: Dict of input name to shape, overriding the graph's. A
+            dimension given as ``None`` or ``-1`` is dynamic. An unknown batch
+            the dict does not give becomes 1; any other unknown dimension must
+            be given. For a ``tf.function`` without an input signature it names
+            the (float32) inputs in order.
+        outputs: Output node or tensor names of a GraphDef; if not specified,
+            the last node is assumed as graph output. For a SavedModel, the
+            signature outputs to keep. **Not honoured** for a ``tf.function``
+            (its return value defines the outputs); passing it warns.
+        convert_config: Relay-era options (``use_dense``,
+            ``use_nt_batch_matmul``). **Not honoured**: Relax has no such
+            options; passing it warns.
+        signature_key: Keyword-only: the SavedModel signature to load.
+        fallback_to_onnx: Keyword-only; False disables the tf2onnx route.
+        onnx_opset: Keyword-only; the opset of the tf2onnx route. Defaults to 17.
+        fold_constants: Keyword-only; passed to :class:`forge.IRModule`.
+        fold_batch_norms: Keyword-only; passed to :class:`forge.IRModule`.
+
+    Returns:
+        Forge IRModule object
+
+    Raises:
+        forge.UnsupportedOperatorError: Listing every operator TVM's TFLite
+            importer lacks, with its count and one example, checked before
+            conversion (when the tf2onnx route fails too).
+        forge.ModelImportError: The graph is not frozen, cannot be traced with
+            the given shapes, or fails to convert (both routes' causes shown).
+        forge.PluginNotInstalledError: The ``forge-tf`` plugin is not
+            installed: ``pip install 'forge-core[tf]'``.
+    """
     return load("tensorflow", *args, **kwargs)
 
 
 def from_keras(*args: Any, **kwargs: Any) -> IRModule:
-    """Load a Keras model. Needs the TensorFlow plugin: ``pip install 'forge-core[tf]'``."""
+    """Convert a Keras model into a Forge IRModule.
+
+    The weights are handled automatically. The model is traced with
+    ``training=False`` and converted through TFLite, with the tf2onnx
+    fallback of :func:`from_tensorflow` (logged on ``forge.tf``). Input names
+    are the Keras inputs' names, output names the model's ``output_names``.
+
+    Args:
+        model: The ``keras.Model`` (Keras 3: functional, Sequential, or
+            subclassed with ``shape`` given) to be converted.
+        shape: Dict of input name to shape, in ``layout``, optional. A
+            dimension given as ``None`` or ``-1`` is dynamic. The batch Keras
+            leaves unknown becomes 1 unless given; any other unknown dimension
+            must be given.
+        layout: ``"NCHW"`` (default) or ``"NHWC"``, how the imported model
+            expects its data. With ``"NCHW"``, every rank-4 input is taken as
+            NCHW and transposed to Keras's NHWC before the first op, and every
+            rank-4 output is transposed back to NCHW; inputs and outputs of
+            other ranks pass unchanged; the transposes are exact. With
+            ``"NHWC"``, data passes as Keras has it.
+        fallback_to_onnx: Keyword-only; False disables the tf2onnx route.
+        onnx_opset: Keyword-only; the opset of the tf2onnx route. Defaults to 17.
+        fold_constants: Keyword-only; passed to :class:`forge.IRModule`.
+        fold_batch_norms: Keyword-only; passed to :class:`forge.IRModule`.
+
+    Returns:
+        Forge IRModule object
+
+    Raises:
+        forge.UnsupportedOperatorError: Listing every operator TVM's TFLite
+            importer lacks, with its count and one example (when the tf2onnx
+            route fails too).
+        forge.ModelImportError: A shape names an unknown input or has the
+            wrong rank, or conversion fails (both routes' causes shown).
+        forge.PluginNotInstalledError: The ``forge-tf`` plugin is not
+            installed: ``pip install 'forge-core[tf]'``.
+    """
     return load("keras", *args, **kwargs)
 
 
 def from_tflite(*args: Any, **kwargs: Any) -> IRModule:
-    """Load a TFLite model. Needs the TensorFlow plugin: ``pip install 'forge-core[tf]'``."""
+    """Convert a TFLite model into a Forge IRModule through TVM's Relax TFLite importer.
+
+    An int8 or uint8 full-integer quantized model imports as quantize and
+    dequantize around the float operators, matches the TFLite interpreter bit
+    for bit, and loads with ``is_quantized`` True. Input and output names are
+    the flatbuffer's tensor names.
+
+    Args:
+        model: The ``.tflite`` flatbuffer's bytes, a path to it, or a parsed
+            ``tflite.Model``.
+        shape_dict: Input shapes of the model, by input tensor name. A
+            dimension given as ``None`` or ``-1`` is dynamic; where TVM's
+            importer cannot keep it, the model is converted with tf2onnx and
+            loaded with the ``onnx`` frontend, logging one warning on
+            ``forge.tf``.
+        dtype_dict: Input types of the model, by input tensor name.
+        fallback_to_onnx: Keyword-only; False disables the tf2onnx route.
+        onnx_opset: Keyword-only; the opset of the tf2onnx route. Defaults to 17.
+        fold_constants: Keyword-only; passed to :class:`forge.IRModule`.
+        fold_batch_norms: Keyword-only; passed to :class:`forge.IRModule`.
+
+    Returns:
+        Forge IRModule object
+
+    Raises:
+        forge.UnsupportedOperatorError: Listing every operator TVM's TFLite
+            importer lacks (custom and Flex ops, dynamic-range quantized ops
+            included), with its count and one output tensor name, checked
+            before conversion.
+        forge.ModelImportError: The data is not a TFLite flatbuffer, or an
+            operator fails to convert (the error names it).
+        forge.PluginNotInstalledError: The ``forge-tf`` plugin is not
+            installed: ``pip install 'forge-core[tf]'``.
+    """
     return load("tflite", *args, **kwargs)

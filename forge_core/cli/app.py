@@ -47,7 +47,20 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--uuid", help="the artifact's uuid (default: random)")
     comp.add_argument("--encrypt", action="store_true",
                       help=f"encrypt the artifact; the password comes from ${commands.PASSWORD_ENV} or a prompt")
+    comp.add_argument("--tuning-db", metavar="DIR", help="apply the tuned schedules of `forge tune` (no trials)")
     comp.set_defaults(handler=commands.cmd_compile)
+
+    tune = sub.add_parser("tune", help="tune a model's operators for a CPU target into a database")
+    model_arguments(tune)
+    tune.add_argument("--target", default="llvm", help="CPU target string or tag (default: this machine)")
+    tune.add_argument("--db", default="./tuning_database", metavar="DIR", help="database directory")
+    tune.add_argument("--trials", type=int, default=2000, help="trial budget over all operators")
+    tune.add_argument("--minutes", type=float, help="time budget")
+    tune.add_argument("--trials-per-task", type=int, help="most trials for one operator")
+    tune.add_argument("--opt-level", type=int, default=3, choices=sorted(OPT_LEVELS))
+    tune.add_argument("--float16", action="store_true")
+    tune.add_argument("--channel-layout", choices=["first", "last"])
+    tune.set_defaults(handler=commands.cmd_tune)
 
     run = sub.add_parser("run", help="run a compiled artifact and time it")
     run.add_argument("artifact", help="artifact directory or model_library.so")

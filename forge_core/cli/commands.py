@@ -49,6 +49,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     with err.status(f"Loading {args.model}") as status:
         ir = load_model(args.model, args.frontend, args.shape)
+        ir.tuning_database = args.tuning_db
         from forge_core.compiler.compile import compile_module
 
         path = compile_module(
@@ -68,6 +69,26 @@ def cmd_compile(args: argparse.Namespace) -> int:
         )
     files = ", ".join(sorted(p.name for p in Path(path).iterdir()))
     out.print(f"Compiled {args.model} for {args.target} in {time.perf_counter() - started:.1f} s -> {path} ({files})")
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    with err.status(f"Loading {args.model}"):
+        ir = load_model(args.model, args.frontend, args.shape)
+    report = ir.tune(
+        target=args.target,
+        work_dir=args.db,
+        trials=args.trials,
+        time_budget=args.minutes * 60 if args.minutes else None,
+        trials_per_task=args.trials_per_task,
+        opt_level=args.opt_level,
+        set_float16=args.float16,
+        set_channel_layout=args.channel_layout,
+        progress=err.is_terminal,
+    )
+    out.print(report.summary(), markup=False)
+    out.print(f"Compile with it: forge compile {args.model} --target {args.target!r} --tuning-db {args.db}",
+              markup=False)
     return 0
 
 

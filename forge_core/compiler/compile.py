@@ -68,6 +68,11 @@ def compile_module(
     toolchain = toolchain_for(tvm_target)
     manager = get_plugin_manager()
     exporters = [manager.exporter(fmt) for fmt in exporter_formats(options)]
+    database = Path(ir.tuning_database) if ir.tuning_database is not None else None
+    if database is not None:
+        from forge_core.tuning.database import open_database
+
+        open_database(database, create=False)  # fail before the build, not inside it
 
     started = time.perf_counter()
     report(f"Preparing the graph for {tvm_target.kind.name} (opt_level {options.opt_level})")
@@ -90,7 +95,7 @@ def compile_module(
 
     report(f"Building for {document['target']['string']}")
     try:
-        executable = build(mod, tvm_target, options.opt_level)
+        executable = build(mod, tvm_target, options.opt_level, database)
     except ForgeError:
         raise
     except Exception as exc:  # noqa: BLE001 - TVM and LLVM fail with many error types

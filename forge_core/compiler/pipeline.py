@@ -13,12 +13,13 @@ Build (TVM's per-target stages):
 
 from __future__ import annotations
 
+import importlib
 import logging
+from pathlib import Path
+from types import ModuleType
 
 import tvm
 from tvm import relax
-import importlib
-from types import ModuleType
 
 from forge_core.compiler.options import CHANNEL_LAYOUTS, CompileOptions
 from forge_core.passes import PassContext
@@ -72,11 +73,24 @@ def _legalize_passes(target: tvm.target.Target, opt_level: int) -> list[tvm.tran
     return passes + [relax.transform.FuseOps(), relax.transform.FuseTIR()]
 
 
-def schedule_stage(target: tvm.target.Target, opt_level: int) -> tvm.transform.Pass:
-    """The registered ``schedule`` passes: external plugins' first, then the built-in ones.
+def lowering_passes(target: tvm.target.Target, opt_level: int) -> list[tvm.transform.Pass]:
+    """Library dispatch, legalization and fusion: the module's PrimFuncs as schedules (and tuning) see them."""
+    return list(_backend_stages(target).library_dispatch_passes(target)) + _legalize_passes(target, opt_level)
 
-    Each pass schedules the PrimFuncs it recognises and leaves the others for
-    the next; the compile log then says which functions fell back.
+
+def lower_to_tir(mod: tvm.IRModule, target: tvm.target.Target, opt_level: int) -> tvm.IRModule:
+    """``mod`` after :func:`lowering_passes`: fused, unscheduled PrimFuncs (what tuning extracts)."""
+    with tvm.transform.PassContext(opt_level=opt_level), target:
+        return tvm.transform.Sequential(lowering_passes(target, opt_level))(mod)
+
+
+def schedule_stage(target: tvm.target.Target, opt_level: int,
+                   tuning_database: Path | None = None) -> tvm.transform.Pass:
+    """Tuned schedules from ``tuning_database``, then the registered ``schedule`` passes.
+
+    External plugins' schedule passes run before the built-in ones. Each pass
+    schedules the PrimFuncs it recognises and leaves the others for the next;
+    the compile log then says which functions fell back.
     """
     manager = get_plugin_manager()
     builtin = {info.name for info in manager.list_plugins() if info.builtin}
@@ -85,6 +99,10 @@ def schedule_stage(target: tvm.target.Target, opt_level: int) -> tvm.transform.P
 
     @tvm.transform.module_pass(opt_level=0, name="forge_schedules")
     def _stage(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        if tuning_database is not None:
+            from forge_core.tuning.database import apply_database
+
+            mod = apply_database(mod, target, tuning_database)
         for spec in specs:
             logger.debug("schedule pass %s (plugin %s)", spec.name, spec.plugin)
             mod = spec.transform(mod, context)
@@ -94,7 +112,8 @@ def schedule_stage(target: tvm.target.Target, opt_level: int) -> tvm.transform.P
     return _stage
 
 
-def build_pipeline(target: tvm.target.Target, opt_level: int) -> tvm.transform.Pass:
+def build_pipeline(target: tvm.target.Target, opt_level: int,
+                   tuning_database: Path | None = None) -> tvm.transform.Pass:
     """TVM's build for ``target``, with Forge's legalization, fusion and schedules."""
 
     @tvm.transform.module_pass(opt_level=0, name="forge_build")
@@ -102,9 +121,8 @@ def build_pipeline(target: tvm.target.Target, opt_level: int) -> tvm.transform.P
         stages_of = _backend_stages(target)
         with target:
             stages = (
-                list(stages_of.library_dispatch_passes(target))
-                + _legalize_passes(target, opt_level)
-                + [schedule_stage(target, opt_level)]
+                lowering_passes(target, opt_level)
+                + [schedule_stage(target, opt_level, tuning_database)]
                 + list(stages_of.dataflow_lower_passes(target))
                 + list(stages_of.finalize_passes(target))
             )
@@ -124,9 +142,11 @@ def with_fast_math(target: tvm.target.Target) -> tvm.target.Target:
     return tvm.target.Target(config)
 
 
-def build(mod: tvm.IRModule, target: tvm.target.Target, opt_level: int) -> relax.VMExecutable:
-    """Lower and build ``mod`` into a VM executable."""
+def build(mod: tvm.IRModule, target: tvm.target.Target, opt_level: int,
+          tuning_database: Path | None = None) -> relax.VMExecutable:
+    """Lower and build ``mod`` into a VM executable, with tuned schedules from ``tuning_database``."""
     if opt_level >= 4:
         target = with_fast_math(target)
     with tvm.transform.PassContext(opt_level=opt_level):
-        return tvm.compile(mod, target=target, relax_pipeline=build_pipeline(target, opt_level))
+        pipeline = build_pipeline(target, opt_level, tuning_database)
+        return tvm.compile(mod, target=target, relax_pipeline=pipeline)

@@ -95,10 +95,12 @@ class IRModule:
         relax_mod = run_passes(relax_mod, passes, PassContext(options={"stage": "import"}))
         self._init_parts(relax_mod, tensors, ModuleState())
 
-    def _init_parts(self, mod: tvm.IRModule, params: dict[str, weights.Tensor], state: ModuleState) -> None:
+    def _init_parts(self, mod: tvm.IRModule, params: dict[str, weights.Tensor], state: ModuleState,
+                    tuning_database: os.PathLike[str] | str | None = None) -> None:
         self._mod = mod
         self._params = params
         self._state = state
+        self.tuning_database = tuning_database
 
     def with_state(self, **flags: bool) -> IRModule:
         """A copy sharing this module's IR and weights, with some state flags set.
@@ -110,12 +112,13 @@ class IRModule:
         unknown = set(flags) - set(vars(self._state))
         if unknown:
             raise TypeError(f"Unknown state flags: {', '.join(sorted(unknown))}")
-        return IRModule._from_parts(self._mod, self._params, replace(self._state, **flags))
+        return IRModule._from_parts(self._mod, self._params, replace(self._state, **flags), self.tuning_database)
 
     @classmethod
-    def _from_parts(cls, mod: tvm.IRModule, params: dict[str, weights.Tensor], state: ModuleState) -> IRModule:
+    def _from_parts(cls, mod: tvm.IRModule, params: dict[str, weights.Tensor], state: ModuleState,
+                    tuning_database: os.PathLike[str] | str | None = None) -> IRModule:
         obj = cls.__new__(cls)
-        obj._init_parts(mod, params, state)
+        obj._init_parts(mod, params, state, tuning_database)
         return obj
 
     # ------------------------------------------------------------------
@@ -289,7 +292,7 @@ class IRModule:
         copy's constants or params leaves the original unchanged.
         """
         params = {name: weights.copy_tensor(t) for name, t in self._params.items()}
-        return IRModule._from_parts(weights.deep_copy_module(self._mod), params, self._state)
+        return IRModule._from_parts(weights.deep_copy_module(self._mod), params, self._state, self.tuning_database)
 
     def __copy__(self) -> IRModule:
         return self.copy()
@@ -399,6 +402,58 @@ class IRModule:
             export_metadata=export_metadata, force_overwrite=force_overwrite, uuid=uuid,
             encrypt_password=encrypt_password,
         )
+
+    def tune(
+        self,
+        target: str | dict[str, Any] = "llvm",
+        work_dir: str | os.PathLike[str] = "./tuning_database",
+        trials: int = 2000,
+        time_budget: float | None = None,
+        trials_per_task: int | None = None,
+        opt_level: int = 3,
+        set_float16: bool = False,
+        set_channel_layout: str | None = None,
+        progress: bool = True,
+    ) -> Any:
+        """Tunes the model's operators for a CPU target with MetaSchedule.
+
+        The database written to ``work_dir`` starts with Forge's default
+        schedule of every operator, measured like the tuned candidates, so the
+        best record is never slower than the default. Afterwards this module's
+        ``tuning_database`` is ``work_dir``: ``compile()`` applies the best
+        records without running trials. Another module of the same model uses
+        them after ``ir.tuning_database = work_dir``. Tune with the same
+        ``opt_level``, ``set_float16`` and ``set_channel_layout`` you compile
+        with: records match operators exactly.
+
+        Args:
+            target: A CPU target in any form ``compile()`` takes; defaults to
+                this machine. It needs a core count (``"llvm"`` has one).
+            work_dir: The database directory; created, or extended when it exists.
+            trials: The trial budget over all operators. 0 measures the
+                default schedules only.
+            time_budget: Seconds after which tuning stops (the trials in flight
+                finish first); None for no limit.
+            trials_per_task: The most trials one operator gets.
+            opt_level: As in ``compile()``.
+            set_float16: As in ``compile()``.
+            set_channel_layout: As in ``compile()``.
+            progress: Show a progress bar on the terminal.
+
+        Returns:
+            A ``forge_core.tuning.TuningReport``: tasks, trials, time, and each
+            operator's default and best measured latency.
+        """
+        from forge_core.compiler.options import CompileOptions
+        from forge_core.tuning.progress import progress_bar
+        from forge_core.tuning.session import tune_module
+
+        options = CompileOptions.validate(None, opt_level, set_float16, set_channel_layout, False, False, False,
+                                          None, None)
+        with progress_bar(enabled=progress) as report:
+            result = tune_module(self, target, work_dir, trials, time_budget, trials_per_task, options, report)
+        self.tuning_database = work_dir
+        return result
 
     # ------------------------------------------------------------------
     # Loaders, as the docs also spell them: forge.RelayModule.from_onnx(...)

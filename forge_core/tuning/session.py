@@ -1,0 +1,224 @@
+"""``IRModule.tune``: MetaSchedule over the model's fused operators, within a trial and a time budget.
+
+The database starts with Forge's default schedule of every task, measured by
+the same runner as the tuned candidates, so the best record of a task is never
+slower than what compiling without tuning gives.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import tvm
+from tvm.ir.utils import derived_object
+from tvm.s_tir import meta_schedule as ms
+
+from forge_core.compiler.options import CompileOptions
+from forge_core.compiler.pipeline import lower_to_tir, prepare_graph
+from forge_core.errors import ForgeError
+from forge_core.ir import weights
+from forge_core.schedules.apply import default_rules
+from forge_core.schedules.blocks import is_static
+from forge_core.targets.parsing import resolve_target
+from forge_core.tuning.builder import build_candidate
+from forge_core.tuning.database import open_database
+
+if TYPE_CHECKING:
+    from forge_core.ir.module import IRModule
+
+logger = logging.getLogger("forge.tune")
+
+Progress = Callable[[int, int, str], None]
+"""``progress(trials_done, trials_total, message)``"""
+
+
+@dataclass
+class TaskResult:
+    name: str
+    weight: int
+    default_ms: float | None
+    best_ms: float | None
+
+
+@dataclass
+class TuningReport:
+    """What a tuning session did."""
+
+    database: Path
+    target: str
+    trials: int
+    seconds: float
+    stopped_by_time: bool
+    tasks: list[TaskResult] = field(default_factory=list)
+
+    @property
+    def estimated_speedup(self) -> float | None:
+        """Weighted default time over weighted best time, over the tasks measured both ways."""
+        pairs = [(t.weight * t.default_ms, t.weight * t.best_ms) for t in self.tasks if t.default_ms and t.best_ms]
+        if not pairs:
+            return None
+        return sum(d for d, _ in pairs) / sum(b for _, b in pairs)
+
+    def summary(self) -> str:
+        speedup = self.estimated_speedup
+        lines = [
+            f"Tuned {len(self.tasks)} tasks with {self.trials} trials in {self.seconds:.0f} s"
+            f"{' (time budget reached)' if self.stopped_by_time else ''}; database {self.database}",
+            f"Estimated operator-time speedup over the default schedules: {speedup:.2f}x" if speedup else "",
+        ]
+        for task in self.tasks:
+            default = f"{task.default_ms:.3f} ms" if task.default_ms else "-"
+            best = f"{task.best_ms:.3f} ms" if task.best_ms else "-"
+            lines.append(f"  {task.name} x{task.weight}: default {default}, best {best}")
+        return "\n".join(line for line in lines if line)
+
+
+@derived_object
+class _BudgetAndProgress(ms.measure_callback.PyMeasureCallback):
+    """Counts trials for the progress bar and stops every task when the time budget is spent."""
+
+    def __init__(self, deadline: float | None, total: int, progress: Progress | None) -> None:
+        super().__init__()
+        self.deadline = deadline
+        self.total = total
+        self.progress = progress
+        self.trials = 0
+        self.stopped = False
+
+    def apply(self, task_scheduler: Any, task_id: int, measure_candidates: Any, builder_results: Any,
+              runner_results: Any) -> None:
+        self.trials += len(runner_results)
+        if self.progress is not None:
+            self.progress(self.trials, self.total, f"task {task_id}")
+        if self.deadline is not None and time.monotonic() > self.deadline and not self.stopped:
+            self.stopped = True
+            for index in range(len(task_scheduler.tasks_)):
+                try:
+                    task_scheduler.terminate_task(index)
+                except Exception:  # noqa: BLE001 - already finished
+                    pass
+
+
+def _run_secs(result: Any) -> float | None:
+    secs = [float(s) for s in (result.run_secs or [])]
+    return sum(secs) / len(secs) if secs and result.error_msg is None else None
+
+
+def _seed_defaults(tasks: list[Any], target: tvm.target.Target, database: Any, builder: Any,
+                   runner: Any) -> dict[str, float]:
+    """Measure Forge's default schedule of each task and commit it to ``database``."""
+    rules = default_rules()
+    schedules, inputs, names = [], [], []
+    with target:
+        for task in tasks:
+            func = task.dispatched[0]["main"]
+            for rule in rules:
+                try:
+                    sch = rule.apply(func, target, False)
+                except Exception:  # noqa: BLE001 - as in compile: a failing rule is skipped
+                    continue
+                if sch is not None:
+                    schedules.append(sch)
+                    names.append(task.task_name)
+                    inputs.append(ms.builder.BuilderInput(sch.mod, target))
+                    break
+    built = builder.build(inputs) if inputs else []
+    measured: dict[str, float] = {}
+    runner_inputs, ready = [], []
+    for sch, name, result in zip(schedules, names, built):
+        if result.error_msg is None:
+            args_info = ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True)
+            runner_inputs.append(ms.runner.RunnerInput(result.artifact_path, "cpu", args_info))
+            ready.append((sch, name, args_info))
+    for (sch, name, args_info), future in zip(ready, runner.run(runner_inputs) if runner_inputs else []):
+        result = future.result()
+        secs = _run_secs(result)
+        if secs is None:
+            continue
+        workload = database.commit_workload(tasks[names.index(name)].dispatched[0])
+        database.commit_tuning_record(
+            ms.database.TuningRecord(sch.trace, workload, [secs], target, args_info)
+        )
+        measured[name] = secs * 1000
+    return measured
+
+
+def tune_module(
+    ir: IRModule,
+    target: Any = "llvm",
+    work_dir: str | os.PathLike[str] = "./tuning_database",
+    trials: int = 2000,
+    time_budget: float | None = None,
+    trials_per_task: int | None = None,
+    options: CompileOptions | None = None,
+    progress: Progress | None = None,
+) -> TuningReport:
+    """Tune ``ir``'s operators for ``target``; see :meth:`forge.IRModule.tune`."""
+    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 0:
+        raise ValueError(f"trials must be a non-negative integer, given {trials!r}")
+    if time_budget is not None and time_budget <= 0:
+        raise ValueError(f"time_budget must be a positive number of seconds, given {time_budget!r}")
+    tvm_target = resolve_target(target)
+    if tvm_target.kind.name != "llvm":
+        raise ForgeError(f"Forge tunes CPU (llvm) targets; {tvm_target.kind.name} is not supported")
+    if not tvm_target.attrs.get("num-cores"):
+        raise ForgeError(f"Tuning needs the target's core count: add -num-cores=N to {target!r}")
+    options = options or CompileOptions.validate(None, 3, False, None, False, False, False, None, None)
+    started = time.monotonic()
+    directory = Path(work_dir)
+    database = open_database(directory, create=True)
+
+    mod = prepare_graph(weights.bind_params(ir.mod, ir.params), options)
+    mod = lower_to_tir(mod, tvm_target, options.opt_level)
+    extracted = [t for t in ms.relax_integration.extract_tasks(mod, tvm_target)
+                 if is_static(t.dispatched[0]["main"])]
+    logger.info("%d tunable tasks", len(extracted))
+
+    builder = ms.builder.LocalBuilder(f_build=build_candidate)
+    runner = ms.runner.LocalRunner(evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1,
+                                                                               min_repeat_ms=20))
+    if progress is not None:
+        progress(0, trials, "measuring the default schedules")
+    defaults = _seed_defaults(extracted, tvm_target, database, builder, runner)
+
+    callback = _BudgetAndProgress(started + time_budget if time_budget else None, trials, progress)
+    if trials > 0 and extracted:
+        contexts, task_weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
+            extracted, str(directory / "logs"), seed=0)
+        ms_logger = logging.getLogger("tvm.s_tir.meta_schedule")
+        level = ms_logger.level
+        ms_logger.setLevel(logging.WARNING)
+        try:
+            ms.tune_tasks(
+                tasks=contexts,
+                task_weights=task_weights,
+                work_dir=str(directory / "logs"),
+                max_trials_global=trials,
+                max_trials_per_task=trials_per_task,
+                num_trials_per_iter=min(64, max(1, trials)),
+                builder=builder,
+                runner=runner,
+                database=database,
+                measure_callbacks=[*ms.MeasureCallback.create("default"), callback],
+            )
+        finally:
+            ms_logger.setLevel(level)
+
+    results = []
+    for task in extracted:
+        workload_mod = task.dispatched[0]
+        best = None
+        if database.has_workload(workload_mod):
+            top = database.get_top_k(database.commit_workload(workload_mod), 1)
+            if top:
+                best = _run_secs(ms.runner.RunnerResult(top[0].run_secs, None))
+        results.append(TaskResult(task.task_name, int(task.weight), defaults.get(task.task_name),
+                                  best * 1000 if best else None))
+    return TuningReport(directory, str(tvm_target), callback.trials, time.monotonic() - started,
+                        callback.stopped, results)

@@ -1,0 +1,84 @@
+"""Tuning smoke test: a few trials into a database; compiling again applies it with no trials.
+
+Real tuning budgets and the speed they buy are measured in benchmarks/, not here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+
+import numpy as np
+import onnx
+import pytest
+from model_factory import conv_bn_net
+
+import forge
+from forge_core.tuning.database import RECORDS, WORKLOADS
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    ir = forge.from_onnx(conv_bn_net(seed=2, channels=16))
+    database = tmp_path_factory.mktemp("tune") / "db"
+    report = ir.tune(work_dir=database, trials=4, time_budget=300, progress=False)
+    return ir, database, report
+
+
+def test_tuning_writes_a_database_and_reports(tuned):
+    ir, database, report = tuned
+    assert (database / WORKLOADS).is_file() and (database / RECORDS).is_file()
+    assert report.database == database and len(report.tasks) >= 4
+    assert 0 < report.trials <= 8  # one batch of candidates
+    assert all(task.default_ms is not None and task.best_ms is not None for task in report.tasks)
+    assert all(task.best_ms <= task.default_ms * 1.0001 for task in report.tasks)  # defaults seed the database
+    assert "Tuned" in report.summary() and ir.tuning_database == database
+
+
+def test_compiling_with_the_database_applies_it_and_keeps_the_numbers(tuned, tmp_path, caplog):
+    ir, database, _ = tuned
+    with caplog.at_level(logging.INFO, logger="forge.schedule"):
+        ir.compile(output_path=tmp_path / "tuned")
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("schedules:"))
+    assert "Tuned" in line
+    x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    np.testing.assert_allclose(forge.Runtime(tmp_path / "tuned").infer(x)[0], ir.get_inference_function()(x),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_a_fresh_module_reuses_the_database(tuned, tmp_path, caplog):
+    _, database, _ = tuned
+    ir = forge.from_onnx(conv_bn_net(seed=2, channels=16))
+    ir.tuning_database = database
+    with caplog.at_level(logging.INFO, logger="forge.schedule"):
+        ir.compile(output_path=tmp_path / "again")
+    assert any("Tuned" in r.getMessage() for r in caplog.records)
+
+
+def test_time_budget_and_argument_errors(tmp_path):
+    ir = forge.from_onnx(conv_bn_net(seed=2))
+    with pytest.raises(ValueError, match="trials must be a non-negative integer"):
+        ir.tune(work_dir=tmp_path / "a", trials=-1, progress=False)
+    with pytest.raises(ValueError, match="time_budget must be a positive"):
+        ir.tune(work_dir=tmp_path / "a", time_budget=0, progress=False)
+    with pytest.raises(forge.ForgeError, match="tunes CPU"):
+        ir.tune(target="cuda", work_dir=tmp_path / "a", progress=False)
+    ir.tuning_database = tmp_path / "missing"
+    with pytest.raises(forge.ForgeError, match="holds no tuning database"):
+        ir.compile(output_path=tmp_path / "out")
+
+
+def test_forge_tune_command(tmp_path):
+    path = tmp_path / "m.onnx"
+    onnx.save(conv_bn_net(seed=5), str(path))
+    forge_bin = os.path.join(os.path.dirname(os.sys.executable), "forge")
+    done = subprocess.run([forge_bin, "tune", str(path), "--db", str(tmp_path / "db"), "--trials", "2",
+                           "--minutes", "5"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "Tuned" in done.stdout and "--tuning-db" in done.stdout
+    done = subprocess.run([forge_bin, "compile", str(path), "-o", str(tmp_path / "out"), "--tuning-db",
+                           str(tmp_path / "db"), "--export-metadata"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "out" / "model_metadata.json").read_text())["opt_level"] == 3
