@@ -1,0 +1,134 @@
+"""The fallback route: tf2onnx, then whichever plugin registered the ``onnx`` frontend.
+
+Where the TFLite route cannot keep a dynamic dimension (TVM's TFLite
+importer handles symbolic shapes in fewer operators than its ONNX importer),
+or fails for another reason, the loaders convert the same frozen function
+(or TFLite model) with tf2onnx and load the ONNX model through the registry,
+``forge_core.loaders.load("onnx", ...)``. Dynamic dimensions are named so that
+the batch is one ``batch`` dimension shared by every input.
+
+tf2onnx leaves TensorFlow's ``Erfc`` (which Keras 3's exact gelu uses) as a
+node ONNX does not define; :func:`_erfc` converts it to ``1 - Erf(x)``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tvm
+
+from forge_core.errors import ForgeError, ModelImportError
+from forge_core.loaders import load
+from forge_tf.console import captured_output, first_line
+from forge_tf.frozen_function import FrozenFunction
+from forge_tf.signature import InputSpec
+from forge_tf.tflite_model import TFLiteModel
+
+DEFAULT_ONNX_OPSET = 17
+
+
+def _tf2onnx() -> Any:
+    try:
+        import tf2onnx
+    except ModuleNotFoundError as exc:
+        raise ModelImportError(
+            "the ONNX fallback needs tf2onnx, which is not installed: pip install 'forge-core[tf]'"
+        ) from exc
+    return tf2onnx
+
+
+def _erfc(ctx: Any, node: Any, name: str, args: Any) -> None:
+    """tf2onnx handler: ``Erfc(x)`` as ``Sub(1, Erf(x))``."""
+    from tf2onnx import utils
+
+    x = node.input[0]
+    one = ctx.make_const(utils.make_name(f"{name}/one"), np.array(1, utils.map_onnx_to_numpy_type(ctx.get_dtype(x))))
+    erf = ctx.make_node("Erf", [x], name=utils.make_name(f"{name}/Erf"))
+    node.type = "Sub"
+    ctx.replace_inputs(node, [one.output[0], erf.output[0]])
+
+
+_CUSTOM_OP_HANDLERS = {"Erfc": (_erfc, [])}
+
+
+def _rename_tensors(proto: Any, mapping: Mapping[str, str]) -> None:
+    """Rename tensors everywhere in an ONNX graph: its inputs, outputs and node edges."""
+    for value in list(proto.graph.input) + list(proto.graph.output):
+        value.name = mapping.get(value.name, value.name)
+    for node in proto.graph.node:
+        for i, name in enumerate(node.input):
+            if name in mapping:
+                node.input[i] = mapping[name]
+        for i, name in enumerate(node.output):
+            if name in mapping:
+                node.output[i] = mapping[name]
+
+
+def onnx_from_function(frozen: FrozenFunction, opset: int = DEFAULT_ONNX_OPSET) -> bytes:
+    """The ONNX model of a frozen function, with Forge's input and output names."""
+    tf2onnx = _tf2onnx()
+    try:
+        with captured_output("tf2onnx"):
+            proto, _ = tf2onnx.convert.from_graph_def(
+                frozen.graph_def,
+                input_names=frozen.input_tensor_names,
+                output_names=frozen.output_tensor_names,
+                opset=opset,
+                custom_op_handlers=dict(_CUSTOM_OP_HANDLERS),
+            )
+    except Exception as exc:  # noqa: BLE001 - tf2onnx raises many error types
+        raise ModelImportError(f"tf2onnx failed on {frozen.source}: {type(exc).__name__}: {first_line(exc)}") from exc
+    mapping = dict(zip(frozen.input_tensor_names, [spec.name for spec in frozen.inputs]))
+    mapping.update(zip(frozen.output_tensor_names, frozen.output_names))
+    _rename_tensors(proto, mapping)
+    return proto.SerializeToString()
+
+
+def onnx_from_tflite(tflite_model: TFLiteModel, opset: int = DEFAULT_ONNX_OPSET) -> bytes:
+    """The ONNX model of a TFLite model, inputs and outputs named as in the flatbuffer."""
+    tf2onnx = _tf2onnx()
+    with tempfile.TemporaryDirectory(prefix="forge-tflite-") as directory:
+        path = Path(directory) / "model.tflite"
+        path.write_bytes(tflite_model.buffer)
+        try:
+            with captured_output("tf2onnx"), warnings.catch_warnings():
+                # tf2onnx reads the flatbuffer with tf.lite.Interpreter, which warns of its deprecation.
+                warnings.filterwarnings("ignore", message=r"(?s).*tf\.lite\.Interpreter is deprecated")
+                proto, _ = tf2onnx.convert.from_tflite(str(path), opset=opset,
+                                                       custom_op_handlers=dict(_CUSTOM_OP_HANDLERS))
+        except Exception as exc:  # noqa: BLE001
+            raise ModelImportError(f"tf2onnx failed on the TFLite model: {type(exc).__name__}: {first_line(exc)}") \
+                from exc
+    inputs = [info.name for info in tflite_model.inputs]
+    outputs = [info.name for info in tflite_model.outputs]
+    mapping = {value.name: name for value, name in zip(proto.graph.input, inputs)}
+    mapping.update({value.name: name for value, name in zip(proto.graph.output, outputs)})
+    _rename_tensors(proto, mapping)
+    return proto.SerializeToString()
+
+
+def onnx_shapes(specs: Sequence[InputSpec]) -> dict[str, tuple[int | str, ...]]:
+    """``shape`` for the ONNX loader: the batch is one dimension ``batch`` shared by every input."""
+    return {
+        spec.name: tuple(
+            ("batch" if axis == 0 else f"{spec.name}_dim{axis}") if dim is None else int(dim)
+            for axis, dim in enumerate(spec.shape)
+        )
+        for spec in specs if spec.shape is not None
+    }
+
+
+def import_through_onnx(onnx_model: bytes, specs: Sequence[InputSpec]) -> tvm.IRModule:
+    """A Relax module of the ONNX model, loaded by the ``onnx`` frontend (constants not yet folded)."""
+    try:
+        ir = load("onnx", onnx_model, shape=onnx_shapes(specs), fold_constants=False, fold_batch_norms=False)
+    except ForgeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a third-party plugin may raise anything
+        raise ModelImportError(f"the onnx frontend failed: {type(exc).__name__}: {first_line(exc)}") from exc
+    return ir.mod

@@ -1,0 +1,118 @@
+"""Reading a TFLite model from what the user hands over, and the facts Forge needs from it."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tflite
+from tflite.TensorType import TensorType
+
+from forge_core.errors import ModelImportError
+
+_FILE_IDENTIFIER = b"TFL3"
+
+_DTYPES = {
+    TensorType.FLOAT32: "float32", TensorType.FLOAT16: "float16", TensorType.FLOAT64: "float64",
+    TensorType.INT8: "int8", TensorType.UINT8: "uint8", TensorType.INT16: "int16", TensorType.UINT16: "uint16",
+    TensorType.INT32: "int32", TensorType.UINT32: "uint32", TensorType.INT64: "int64",
+    TensorType.UINT64: "uint64", TensorType.BOOL: "bool", TensorType.STRING: "string",
+    TensorType.COMPLEX64: "complex64",
+}
+_QUANTIZED_TYPES = {TensorType.INT8, TensorType.UINT8, TensorType.INT16}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A model input or output, as the flatbuffer declares it."""
+
+    index: int
+    name: str
+    shape: tuple[int, ...]
+    """The static shape the flatbuffer stores (a dynamic batch is stored as 1)."""
+    signature: tuple[int, ...]
+    """``shape_signature``: -1 where the converter knew the dimension is dynamic."""
+    dtype: str
+
+
+@dataclass(frozen=True)
+class TFLiteModel:
+    """A parsed TFLite flatbuffer, with its bytes when Forge has them."""
+
+    model: Any
+    """The ``tflite.Model``."""
+    buffer: bytes
+
+    @property
+    def subgraph(self) -> Any:
+        return self.model.Subgraphs(0)
+
+    def tensor_info(self, index: int) -> TensorInfo:
+        tensor = self.subgraph.Tensors(index)
+        shape = tuple(int(d) for d in tensor.ShapeAsNumpy()) if tensor.ShapeLength() else ()
+        signature = tuple(int(d) for d in tensor.ShapeSignatureAsNumpy()) if tensor.ShapeSignatureLength() else shape
+        return TensorInfo(index, tensor_name(self.subgraph, index), shape, signature,
+                          _DTYPES.get(tensor.Type(), f"tflite type {tensor.Type()}"))
+
+    @property
+    def inputs(self) -> list[TensorInfo]:
+        return [self.tensor_info(int(i)) for i in self.subgraph.InputsAsNumpy()] if self.subgraph.InputsLength() else []
+
+    @property
+    def outputs(self) -> list[TensorInfo]:
+        subgraph = self.subgraph
+        return [self.tensor_info(int(i)) for i in subgraph.OutputsAsNumpy()] if subgraph.OutputsLength() else []
+
+    @property
+    def is_quantized(self) -> bool:
+        """Whether the model computes on int8/uint8/int16 quantized tensors (full-integer quantization)."""
+        for s in range(self.model.SubgraphsLength()):
+            subgraph = self.model.Subgraphs(s)
+            for t in range(subgraph.TensorsLength()):
+                tensor = subgraph.Tensors(t)
+                params = tensor.Quantization()
+                if tensor.Type() in _QUANTIZED_TYPES and params is not None and params.ScaleLength() > 0:
+                    return True
+        return False
+
+
+def tensor_name(subgraph: Any, index: int) -> str:
+    """A tensor's name, as TVM's TFLite importer names it."""
+    name = subgraph.Tensors(index).Name()
+    return name.decode("utf-8") if name is not None else f"tvmgen_tensor_{index}"
+
+
+def parse_tflite(buffer: bytes, source: str) -> TFLiteModel:
+    """Parse and check TFLite flatbuffer bytes; ``source`` names them in errors."""
+    if len(buffer) < 8 or buffer[4:8] != _FILE_IDENTIFIER:
+        raise ModelImportError(
+            f"Not a TFLite model ({source}): a TFLite flatbuffer carries the identifier 'TFL3' at bytes 4-8; "
+            f"found {bytes(buffer[4:8])!r}"
+        )
+    try:
+        model = tflite.Model.GetRootAsModel(buffer, 0)
+        subgraphs = model.SubgraphsLength()
+    except Exception as exc:  # noqa: BLE001 - flatbuffers raises anything on corrupt data
+        raise ModelImportError(f"{source}: the TFLite flatbuffer is corrupt: {type(exc).__name__}: {exc}") from exc
+    if subgraphs < 1:
+        raise ModelImportError(f"{source}: the TFLite model has no subgraph")
+    return TFLiteModel(model, bytes(buffer))
+
+
+def read_tflite(model: Any) -> TFLiteModel:
+    """A :class:`TFLiteModel` from bytes, a path to a ``.tflite`` file, or a parsed ``tflite.Model``."""
+    if isinstance(model, tflite.Model):
+        return parse_tflite(bytes(model._tab.Bytes), "the given tflite.Model")
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        return parse_tflite(bytes(model), "the given bytes")
+    if isinstance(model, (str, os.PathLike)):
+        path = Path(model)
+        if not path.is_file():
+            raise FileNotFoundError(f"TFLite model file {str(path)!r} does not exist")
+        return parse_tflite(path.read_bytes(), repr(str(path)))
+    raise TypeError(
+        f"from_tflite expects the bytes of a .tflite flatbuffer, a path to one, or a tflite.Model, "
+        f"not {type(model).__name__}"
+    )

@@ -1,0 +1,465 @@
+"""forge.from_keras, from_tensorflow and from_tflite against TensorFlow and the TFLite interpreter.
+
+Float models are compared with TensorFlow (Keras ``model(x)``, a tf.compat.v1
+Session, a loaded SavedModel) at rtol 1e-5 / atol 1e-5 unless a test's
+docstring says otherwise; quantized TFLite models are compared with
+``tf.lite.Interpreter`` bit for bit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up notices
+tf = pytest.importorskip("tensorflow", reason="the tf extra is installed by ./scripts/setup")
+keras = pytest.importorskip("keras")
+
+import tf_models  # noqa: E402
+from tf_models import Interpreter  # noqa: E402
+
+import forge  # noqa: E402
+
+RTOL, ATOL = 1e-5, 1e-5
+NCHW, NHWC = (0, 3, 1, 2), (0, 2, 3, 1)
+
+
+def keras_reference(model, *inputs):
+    out = model(list(inputs) if len(inputs) > 1 else inputs[0], training=False)
+    return [o.numpy() for o in out] if isinstance(out, (list, tuple)) else [out.numpy()]
+
+
+def as_list(value):
+    return value if isinstance(value, list) else [value]
+
+
+def assert_close(got, want, rtol=RTOL, atol=ATOL):
+    got, want = as_list(got), as_list(want)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+
+
+def to_nchw(array):
+    return np.ascontiguousarray(np.transpose(array, NCHW)) if array.ndim == 4 else array
+
+
+def tf_records(caplog, level=logging.WARNING):
+    return [r.getMessage() for r in caplog.records if r.name == "forge.tf" and r.levelno >= level]
+
+
+@pytest.fixture(scope="module")
+def rng():
+    return np.random.default_rng(0)
+
+
+# -- Keras ---------------------------------------------------------------------------
+
+
+def test_keras_cnn_with_batch_norm_depthwise_and_residual_add(rng, caplog):
+    """Default layout NCHW: NCHW in, the rank-4 output NCHW too; rtol/atol 1e-5."""
+    model = tf_models.residual_cnn()
+    x = rng.standard_normal((1, 16, 16, 3)).astype("float32")
+    with caplog.at_level(logging.INFO, logger="forge.tf"):
+        ir = forge.from_keras(model)
+    assert "loaded Keras model 'residual_cnn' through TFLite" in caplog.text
+    assert ir.input_names == ["image"] and ir.input_shapes == [(1, 3, 16, 16)]
+    assert ir.output_names == ["logits", "features"] and ir.output_shapes == [(1, 5), (1, 8, 16, 16)]
+    ops = ir.operators
+    assert "nn.batch_norm" not in ops and ops["nn.conv2d"] == 2 and ops["permute_dims"] == 2
+    assert not ir.is_quantized
+    got = ir.get_inference_function()(to_nchw(x))
+    assert_close(got, [to_nchw(r) for r in keras_reference(model, x)])
+
+
+def test_keras_transformer_block_with_attention_layer_norm_and_gelu(rng):
+    """MultiHeadAttention, LayerNormalization, exact gelu (erf); rtol/atol 1e-5."""
+    model = tf_models.transformer_block()
+    x = rng.standard_normal((2, 8, 32)).astype("float32")
+    ir = forge.from_keras(model, shape={"tokens": (2, 8, 32)})
+    assert ir.input_shapes == [(2, 8, 32)] and ir.output_names == ["encoded"]
+    ops = ir.operators
+    assert "erf" in ops and "nn.softmax" in ops and "rsqrt" in ops and "permute_dims" in ops
+    assert_close(ir.get_inference_function()(x), keras_reference(model, x))
+
+
+def test_keras_mobilenet_v2(rng):
+    """keras.applications.MobileNetV2(weights=None) at 96x96, logits; rtol/atol 1e-5."""
+    model = tf_models.mobilenet_v2()
+    x = rng.uniform(-1, 1, (1, 96, 96, 3)).astype("float32")
+    ir = forge.from_keras(model, layout="NHWC")
+    assert ir.input_shapes == [(1, 96, 96, 3)] and ir.output_shapes == [(1, 1000)]
+    assert ir.operators["nn.conv2d"] == 52 and "nn.batch_norm" not in ir.operators
+    assert_close(ir.get_inference_function()(x), keras_reference(model, x))
+
+
+def test_keras_two_inputs_two_outputs_keep_names_order_and_dtypes(rng):
+    model = tf_models.two_inputs_two_outputs()
+    features = rng.standard_normal((3, 6)).astype("float32")
+    ids = rng.integers(0, 20, (3, 5)).astype("int32")
+    ir = forge.from_keras(model, shape={"features": (3, 6), "ids": (3, 5)})
+    assert ir.input_names == ["features", "ids"] and ir.input_dtypes == ["float32", "int32"]
+    assert ir.output_names == ["probabilities", "value"] and ir.output_shapes == [(3, 3), (3, 1)]
+    assert_close(ir.get_inference_function()(features, ids), keras_reference(model, features, ids))
+
+
+def test_keras_layouts_nchw_and_nhwc(rng):
+    """The same model both ways: NCHW transposes rank-4 inputs and outputs exactly; NHWC passes data as
+    Keras has it. ``shape`` is given in the chosen layout; rtol/atol 1e-5."""
+    model = tf_models.residual_cnn(size=12)
+    x = rng.standard_normal((2, 12, 12, 3)).astype("float32")
+    want = keras_reference(model, x)
+    nhwc = forge.from_keras(model, shape={"image": (2, 12, 12, 3)}, layout="NHWC")
+    nchw = forge.from_keras(model, shape={"image": (2, 3, 12, 12)}, layout="NCHW")
+    assert nhwc.input_shapes == [(2, 12, 12, 3)] and nhwc.output_shapes == [(2, 5), (2, 12, 12, 8)]
+    assert nchw.input_shapes == [(2, 3, 12, 12)] and nchw.output_shapes == [(2, 5), (2, 8, 12, 12)]
+    assert "permute_dims" not in nhwc.operators and nchw.operators["permute_dims"] == 2
+    got_nhwc = nhwc.get_inference_function()(x)
+    got_nchw = nchw.get_inference_function()(to_nchw(x))
+    assert_close(got_nhwc, want)
+    assert_close(got_nchw, [to_nchw(w) for w in want])
+    # The transposes are exact: both layouts give the same bits.
+    np.testing.assert_array_equal(np.transpose(got_nchw[1], NHWC), got_nhwc[1])
+
+
+@pytest.mark.parametrize("dynamic", [None, -1])
+def test_keras_dynamic_batch_through_tflite(rng, caplog, dynamic):
+    """A dynamic batch that TVM's TFLite importer keeps: no fallback; three batch sizes, rtol/atol 1e-5."""
+    model = tf_models.residual_cnn(seed=9)
+    with caplog.at_level(logging.INFO, logger="forge.tf"):
+        ir = forge.from_keras(model, shape={"image": (dynamic, 3, 16, 16)})
+    assert not tf_records(caplog) and "through TFLite" in caplog.text
+    assert ir.input_shapes == [(-1, 3, 16, 16)] and ir.output_shapes == [(-1, 5), (-1, 8, 16, 16)]
+    run = ir.get_inference_function()
+    for batch in (1, 2, 5):
+        x = rng.standard_normal((batch, 16, 16, 3)).astype("float32")
+        assert_close(run(to_nchw(x)), [to_nchw(r) for r in keras_reference(model, x)])
+
+
+def test_keras_two_inputs_share_one_dynamic_batch(rng):
+    model = tf_models.two_inputs_two_outputs()
+    ir = forge.from_keras(model, shape={"features": (None, 6), "ids": (-1, 5)})
+    assert ir.input_shapes == [(-1, 6), (-1, 5)] and ir.output_shapes == [(-1, 3), (-1, 1)]
+    run = ir.get_inference_function()
+    for batch in (1, 4):
+        features = rng.standard_normal((batch, 6)).astype("float32")
+        ids = rng.integers(0, 20, (batch, 5)).astype("int32")
+        assert_close(run(features, ids), keras_reference(model, features, ids))
+
+
+def test_dynamic_batch_falls_back_to_tf2onnx_with_one_logged_line(rng, caplog):
+    """TVM's TFLite importer cannot keep the batch of a Conv1D dynamic; tf2onnx and the onnx frontend
+    can. One warning says why; three batch sizes, rtol/atol 1e-5."""
+    model = tf_models.conv1d_net()
+    with caplog.at_level(logging.WARNING, logger="forge.tf"):
+        ir = forge.from_keras(model, shape={"signal": (None, 16, 4)})
+    lines = tf_records(caplog)
+    assert len(lines) == 1
+    assert "loaded through tf2onnx and ONNX, because the TFLite route failed" in lines[0]
+    assert "EXPAND_DIMS" in lines[0]
+    assert ir.input_names == ["signal"] and ir.input_shapes == [(-1, 16, 4)] and ir.output_shapes == [(-1, 2)]
+    run = ir.get_inference_function()
+    for batch in (1, 3, 6):
+        x = rng.standard_normal((batch, 16, 4)).astype("float32")
+        assert_close(run(x), keras_reference(model, x))
+
+
+def test_without_fallback_the_tflite_route_error_is_raised():
+    with pytest.raises(forge.OperatorConversionError, match=r"failed to convert node .* \(op EXPAND_DIMS\)"):
+        forge.from_keras(tf_models.conv1d_net(), shape={"signal": (None, 16, 4)}, fallback_to_onnx=False)
+
+
+def test_dynamic_transformer_batch_fails_naming_both_routes():
+    """Neither importer handles the shape arithmetic Keras emits for Dense on a dynamic-batch sequence."""
+    with pytest.raises(forge.ModelImportError) as info:
+        forge.from_keras(tf_models.transformer_block(), shape={"tokens": (None, 8, 32)})
+    message = str(info.value)
+    assert "both routes failed" in message
+    assert "TFLite route:" in message and "FULLY_CONNECTED" in message
+    assert "ONNX route (tf2onnx):" in message and "(op Reshape)" in message
+
+
+def test_unsupported_operators_are_listed_with_counts():
+    """Checked against TVM's TFLite converter table before conversion; the ONNX fallback fails too."""
+    model = tf_models.unsupported_ops_net()
+    with pytest.raises(forge.UnsupportedOperatorError) as info:
+        forge.from_keras(model)
+    error = info.value
+    assert set(error.unsupported) == {"BesselI0e", "Erfinv"}
+    assert error.unsupported["BesselI0e"][0] == 2 and error.unsupported["Erfinv"][0] == 1
+    message = str(error)
+    assert "cannot convert 2 operator types" in message
+    assert "BesselI0e: 2 nodes, e.g." in message and "Erfinv: 1 node, e.g." in message
+    assert "The ONNX fallback (tf2onnx) failed too" in message
+    with pytest.raises(forge.UnsupportedOperatorError) as direct:
+        forge.from_keras(model, fallback_to_onnx=False)
+    assert set(direct.value.unsupported) == {"BesselI0e", "Erfinv"} and "ONNX" not in str(direct.value)
+
+
+# -- TensorFlow graphs -----------------------------------------------------------------
+
+
+def test_frozen_graph_def(rng, tmp_path):
+    """Placeholders are the inputs, the last node the output; a .pb path works too; rtol/atol 1e-5."""
+    graph_def, run_tf = tf_models.frozen_graph()
+    x = rng.standard_normal((1, 8, 8, 3)).astype("float32")
+    ir = forge.from_tensorflow(graph_def)
+    assert ir.input_names == ["x"] and ir.input_shapes == [(1, 8, 8, 3)]
+    assert ir.output_names == ["out"] and ir.output_shapes == [(1, 4)]
+    assert_close(ir.get_inference_function()(x), run_tf(x))
+    path = tmp_path / "frozen.pb"
+    path.write_bytes(graph_def.SerializeToString())
+    features = forge.from_tensorflow(str(path), outputs=["features"], shape={"x": (2, 8, 8, 3)})
+    x2 = rng.standard_normal((2, 8, 8, 3)).astype("float32")
+    assert features.output_names == ["features"] and features.output_shapes == [(2, 8, 8, 6)]
+    assert_close(features.get_inference_function()(x2), run_tf(x2, "features:0"))
+
+
+def test_frozen_graph_def_with_dynamic_batch_and_nchw_convolutions(rng):
+    """layout="NCHW" converts the convolutions to NCHW inside; the input stays NHWC; rtol/atol 1e-5."""
+    graph_def, run_tf = tf_models.frozen_graph()
+    ir = forge.from_tensorflow(graph_def, layout="NCHW", shape={"x": (-1, 8, 8, 3)}, outputs="out:0")
+    assert ir.input_shapes == [(-1, 8, 8, 3)] and ir.output_shapes == [(-1, 4)]
+    assert ir.operators["permute_dims"] >= 1
+    run = ir.get_inference_function()
+    for batch in (1, 3):
+        x = rng.standard_normal((batch, 8, 8, 3)).astype("float32")
+        assert_close(run(x), run_tf(x))
+
+
+def test_saved_model(rng, tmp_path):
+    """The serving_default signature's inputs and outputs, by key; ``outputs`` selects; rtol/atol 1e-5."""
+    path, _ = tf_models.saved_model(tmp_path)
+    loaded = tf.saved_model.load(str(path)).signatures["serving_default"]
+    x = rng.standard_normal((4, 10)).astype("float32")
+    want = loaded(features=tf.constant(x))
+    ir = forge.from_tensorflow(str(path), shape={"features": (4, 10)})
+    assert ir.input_names == ["features"] and ir.output_names == ["best", "scores"]
+    assert_close(ir.get_inference_function()(x), [want["best"].numpy(), want["scores"].numpy()])
+    scores = forge.from_tensorflow(path, outputs=["scores"], shape={"features": (None, 10)})
+    assert scores.output_names == ["scores"] and scores.input_shapes == [(-1, 10)]
+    assert_close(scores.get_inference_function()(x), want["scores"].numpy())
+
+
+def test_tf_function_and_concrete_function(rng):
+    """Inputs from the input signature (names from the specs, else the arguments); rtol/atol 1e-5."""
+
+    @tf.function(input_signature=[tf.TensorSpec((None, 4), tf.float32, name="left"),
+                                  tf.TensorSpec((None, 4), tf.float32)])
+    def mix(left, right):
+        return tf.nn.softmax(left * right + tf.sin(left)), tf.reduce_sum(left - right, axis=1)
+
+    a, b = rng.standard_normal((3, 4)).astype("float32"), rng.standard_normal((3, 4)).astype("float32")
+    want = [t.numpy() for t in mix(a, b)]
+    ir = forge.from_tensorflow(mix, shape={"left": (3, 4), "right": (3, 4)})
+    assert ir.input_names == ["left", "right"] and ir.output_names == ["output_0", "output_1"]
+    assert_close(ir.get_inference_function()(a, b), want)
+    concrete = forge.from_tensorflow(mix.get_concrete_function(), shape={"left": (-1, 4), "right": (-1, 4)})
+    assert concrete.input_shapes == [(-1, 4), (-1, 4)]
+    assert_close(concrete.get_inference_function()(a, b), want)
+
+    @tf.function
+    def untyped(x):
+        return tf.nn.relu(x) * 2.0
+
+    plain = forge.from_tensorflow(untyped, shape={"x": (2, 5)})
+    x = rng.standard_normal((2, 5)).astype("float32")
+    assert plain.input_names == ["x"]
+    assert_close(plain.get_inference_function()(x), untyped(x).numpy())
+
+
+# -- TFLite ---------------------------------------------------------------------------
+
+
+def test_tflite_from_bytes_path_and_parsed_model(rng, tmp_path):
+    """A float TFLite model against tf.lite.Interpreter; rtol/atol 1e-5."""
+    import tflite
+
+    model = tf_models.residual_cnn(seed=10)
+    data = tf_models.tflite_bytes(model)
+    path = tmp_path / "cnn.tflite"
+    path.write_bytes(data)
+    x = rng.standard_normal((1, 16, 16, 3)).astype("float32")
+    want = Interpreter(data)(x)
+    for source in (data, path, str(path), tflite.Model.GetRootAsModel(data, 0)):
+        ir = forge.from_tflite(source)
+        assert ir.input_shapes == [(1, 16, 16, 3)] and not ir.is_quantized
+        assert_close(ir.get_inference_function()(x), want)
+
+
+def test_tflite_dynamic_batch_through_shape_dict(rng):
+    """shape_dict with None keeps the batch dynamic in TVM's TFLite importer; rtol/atol 1e-5."""
+    model = tf_models.residual_cnn(seed=11)
+    data = tf_models.tflite_bytes(model)
+    interpreter = Interpreter(data)
+    name = interpreter.input["name"]
+    ir = forge.from_tflite(data, shape_dict={name: (None, 16, 16, 3)})
+    assert ir.input_names == [name] and ir.input_shapes == [(-1, 16, 16, 3)]
+    run = ir.get_inference_function()
+    for batch in (1, 2, 4):
+        x = rng.standard_normal((batch, 16, 16, 3)).astype("float32")
+        assert_close(run(x), interpreter(x))
+
+
+def test_tflite_dynamic_batch_falls_back_to_tf2onnx(rng, caplog):
+    """TVM's TFLite importer cannot keep a Conv1D's batch dynamic; tf2onnx reads the flatbuffer instead.
+    One warning; rtol/atol 1e-5 against the interpreter."""
+    model = tf_models.conv1d_net(seed=12)
+    data = tf_models.tflite_bytes(model)
+    interpreter = Interpreter(data)
+    name = interpreter.input["name"]
+    with caplog.at_level(logging.WARNING, logger="forge.tf"):
+        ir = forge.from_tflite(data, shape_dict={name: (-1, 16, 4)})
+    lines = tf_records(caplog)
+    assert len(lines) == 1 and "loaded through tf2onnx and ONNX" in lines[0]
+    assert ir.input_names == [name] and ir.input_shapes == [(-1, 16, 4)]
+    run = ir.get_inference_function()
+    for batch in (2, 5):
+        x = rng.standard_normal((batch, 16, 4)).astype("float32")
+        assert_close(run(x), interpreter(x))
+
+
+@pytest.mark.parametrize("io_dtype", ["int8", "uint8", "float32"])
+def test_quantized_tflite_matches_the_interpreter_bit_for_bit(rng, io_dtype):
+    """Full-integer post-training quantization (representative dataset): int8 compute with int8, uint8 or
+    float inputs and outputs. Every output equal to tf.lite.Interpreter's, bit for bit."""
+    model = tf_models.residual_cnn(seed=13)
+    data = tf_models.quantized_tflite(model, io_dtype)
+    interpreter = Interpreter(data)
+    ir = forge.from_tflite(data)
+    assert ir.is_quantized
+    assert ir.input_dtypes == [io_dtype] and ir.output_dtypes == [io_dtype, io_dtype]
+    assert "quantize" in ir.operators and "dequantize" in ir.operators
+    run = ir.get_inference_function()
+    for _ in range(4):
+        x = interpreter.quantize(rng.uniform(-1, 1, (1, 16, 16, 3)))
+        got, want = as_list(run(x)), interpreter(x)
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype
+            np.testing.assert_array_equal(g, w)
+
+
+def test_tflite_unsupported_operators_are_listed():
+    """A TFLite model with custom ops (allowed at conversion) names each op with its count."""
+    converter = tf.lite.TFLiteConverter.from_keras_model(tf_models.unsupported_ops_net())
+    converter.allow_custom_ops = True
+    data = converter.convert()
+    with pytest.raises(forge.UnsupportedOperatorError) as info:
+        forge.from_tflite(data)
+    assert info.value.frontend == "tflite"
+    assert {op: count for op, (count, _) in info.value.unsupported.items()} == {"BesselI0e": 2, "Erfinv": 1}
+
+
+# -- errors and options ------------------------------------------------------------------
+
+
+def test_not_a_model_is_rejected_with_a_clear_error(tmp_path):
+    with pytest.raises(forge.ModelImportError, match=r"Not a TFLite model \(the given bytes\)"):
+        forge.from_tflite(b"\x00" * 64)
+    with pytest.raises(FileNotFoundError, match="missing.tflite"):
+        forge.from_tflite(tmp_path / "missing.tflite")
+    with pytest.raises(TypeError, match="from_tflite expects the bytes of a .tflite flatbuffer"):
+        forge.from_tflite(3.5)
+    not_saved_model = tmp_path / "empty"
+    not_saved_model.mkdir()
+    with pytest.raises(forge.ModelImportError, match="is not a SavedModel"):
+        forge.from_tensorflow(not_saved_model)
+    garbage = tmp_path / "garbage.pb"
+    garbage.write_bytes(b"\xff\xff\xff not a protobuf")
+    with pytest.raises(forge.ModelImportError, match="is not a binary GraphDef"):
+        forge.from_tensorflow(garbage)
+    with pytest.raises(TypeError, match="from_tensorflow expects a frozen tf.compat.v1.GraphDef"):
+        forge.from_tensorflow(object())
+    with pytest.raises(TypeError, match="use forge.from_keras"):
+        forge.from_tensorflow(tf_models.two_inputs_two_outputs())
+    with pytest.raises(TypeError, match="from_keras expects a keras.Model, not str"):
+        forge.from_keras("model.keras")
+
+
+def test_wrong_options_name_the_problem():
+    model = tf_models.residual_cnn()
+    with pytest.raises(ValueError, match="layout 'NWHC' is not supported; use one of 'NCHW', 'NHWC'"):
+        forge.from_keras(model, layout="NWHC")
+    with pytest.raises(TypeError, match="layout must be a string"):
+        forge.from_keras(model, layout=4)
+    with pytest.raises(forge.ModelImportError, match="shape names input 'img', which the model does not have. "
+                                                     "Inputs: image"):
+        forge.from_keras(model, shape={"img": (1, 3, 16, 16)})
+    with pytest.raises(forge.ModelImportError, match="shape for input 'image' has rank 3"):
+        forge.from_keras(model, shape={"image": (1, 16, 16)})
+    with pytest.raises(forge.ModelImportError, match="has dimension 2.5 of type float"):
+        forge.from_keras(model, shape={"image": (1, 3, 2.5, 16)})
+    with pytest.raises(TypeError, match="shape must be a dict"):
+        forge.from_keras(model, shape=[(1, 3, 16, 16)])
+    sequence = keras.Model(inputs=(x := keras.Input((None, 4), name="steps")), outputs=keras.layers.Dense(2)(x))
+    with pytest.raises(forge.ModelImportError, match="input 'steps' has an unknown dimension at axis 1"):
+        forge.from_keras(sequence)
+    data = tf_models.tflite_bytes(tf_models.conv1d_net())
+    with pytest.raises(forge.ModelImportError, match="shape_dict names input 'signal', which the model does not"):
+        forge.from_tflite(data, shape_dict={"signal": (1, 16, 4)})
+    with pytest.raises(TypeError, match="dtype_dict must be a dict"):
+        forge.from_tflite(data, dtype_dict="float32")
+
+
+def test_tensorflow_options_that_relax_cannot_honour_warn_and_bad_graphs_fail():
+    graph_def, _ = tf_models.frozen_graph()
+    with pytest.warns(UserWarning, match="convert_config is not honoured"):
+        forge.from_tensorflow(graph_def, convert_config={"use_dense": True})
+    with pytest.raises(forge.ModelImportError, match="outputs names 'logits', which is not a node"):
+        forge.from_tensorflow(graph_def, outputs=["logits"])
+    with pytest.raises(ValueError, match="layout 'NC' is not supported"):
+        forge.from_tensorflow(graph_def, layout="NC")
+
+    @tf.function
+    def untyped(x):
+        return x + 1.0
+
+    with pytest.raises(forge.ModelImportError, match="has no input_signature"):
+        forge.from_tensorflow(untyped)
+    typed = tf.function(lambda x: x * 2.0, input_signature=[tf.TensorSpec((2, 3), tf.float32, name="x")])
+    with pytest.warns(UserWarning, match="outputs is not honoured for a tf.function"):
+        forge.from_tensorflow(typed, outputs=["y"])
+    with pytest.raises(forge.ModelImportError, match=r"Tracing tf.function .* failed"):
+        forge.from_tensorflow(typed, shape={"x": (4, 5)})
+
+    unfrozen = tf.Graph()
+    with unfrozen.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, (1, 3), name="x")
+        tf.matmul(x, tf.compat.v1.get_variable("w", (3, 2)), name="y")
+    with pytest.raises(forge.ModelImportError, match="holds variables .*freeze it first"):
+        forge.from_tensorflow(unfrozen.as_graph_def())
+
+
+# -- the plugin ---------------------------------------------------------------------------
+
+
+def test_plugin_registers_three_frontends_without_importing_tensorflow():
+    code = (
+        "import sys, forge\n"
+        "from forge_core.plugin_manager import get_plugin_manager\n"
+        "frontends = get_plugin_manager().frontends()\n"
+        "plugin = {p.name: p for p in forge.list_plugins()}['tensorflow']\n"
+        "print(sorted(n for n in frontends if frontends[n].plugin == 'tensorflow'), plugin.distribution)\n"
+        "print(sorted(m for m in ('tensorflow', 'keras', 'tflite', 'tf2onnx') if m in sys.modules))\n"
+    )
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "FORGE_PLUGINS": "tensorflow,onnx"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert out.stdout.split("\n")[:2] == ["['keras', 'tensorflow', 'tflite'] forge-tf", "[]"]
+
+
+def test_compiled_keras_model_runs_in_the_runtime(rng, tmp_path):
+    model = tf_models.two_inputs_two_outputs()
+    features = rng.standard_normal((1, 6)).astype("float32")
+    ids = rng.integers(0, 20, (1, 5)).astype("int32")
+    forge.from_keras(model).compile(output_path=tmp_path / "m")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        outputs = forge.Runtime(tmp_path / "m").infer(features, ids)
+    assert_close(outputs, keras_reference(model, features, ids))
