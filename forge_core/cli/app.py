@@ -70,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--repeat", type=int, default=20, help="timed runs")
     run.add_argument("--save-outputs", metavar="DIR", help="write output_<i>.npy files")
     run.add_argument("--json", action="store_true", help="print one JSON report")
+    run.add_argument("--profile", action="store_true", help="time every function of the model")
     run.set_defaults(handler=commands.cmd_run)
 
     tags = sub.add_parser("tags", help="list target tags")

@@ -141,6 +141,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                       f"{numeric.mean():.6g}")
     out.print(table)
     out.print(f"Latency over {len(latencies)} runs: {_percentile_table(latencies_ms)}")
+    if args.profile:
+        from forge_core.runtime.profiling import format_profile
+
+        out.print(format_profile(runtime.profile(*arrays, repeat=args.repeat)), markup=False)
     return 0
 
 

@@ -4,8 +4,9 @@ Graph preparation (Forge):
     bind ``params`` as constants; ``opt_level >= 3``: decompose inference ops
     (batch norm, layer norm...) and canonicalize bindings; channel layout
     conversion; float16 conversion; ``opt_level >= 2``: constant folding,
-    common-subexpression and dead-code elimination; ``opt_level == 4``: fast
-    math approximations.
+    common-subexpression and dead-code elimination; ``opt_level >= 3``: the
+    ``fast_math`` pass (vectorizable exp/erf/tanh, a few ulps); ``opt_level 4``:
+    LLVM fast-math flags.
 Build (TVM's per-target stages):
     library dispatch, legalization and fusion (fusion from ``opt_level >= 1``),
     schedules (GPU: TVM's dlight rules), dataflow lowering, memory planning.
@@ -22,7 +23,7 @@ import tvm
 from tvm import relax
 
 from forge_core.compiler.options import CHANNEL_LAYOUTS, CompileOptions
-from forge_core.passes import PassContext
+from forge_core.passes import PassContext, run_passes
 from forge_core.plugin_manager import get_plugin_manager
 from forge_core.schedules.apply import log_fallbacks, schedule_report
 
@@ -49,10 +50,11 @@ def prepare_graph(mod: tvm.IRModule, options: CompileOptions) -> tvm.IRModule:
             relax.transform.EliminateCommonSubexpr(),
             relax.transform.DeadCodeElimination(["main"]),
         ]
-    if options.opt_level >= 4:
-        passes.append(relax.transform.FastMathTransform())
     with tvm.transform.PassContext(opt_level=options.opt_level):
-        return tvm.transform.Sequential(passes)(mod)
+        mod = tvm.transform.Sequential(passes)(mod)
+    if options.opt_level >= 3:
+        mod = run_passes(mod, ["fast_math"], PassContext(options={"opt_level": options.opt_level}))
+    return mod
 
 
 _BACKENDS = {"llvm": "cpu_generic", "cuda": "cuda", "rocm": "rocm"}

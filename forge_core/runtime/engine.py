@@ -16,6 +16,7 @@ from forge_core.errors import ForgeError
 from forge_core.runtime import metadata as schema
 from forge_core.runtime.library_file import elf_machine, host_machine, load_library_bytes
 from forge_core.runtime.outputs import outputs_to_numpy
+from forge_core.runtime.profiling import FunctionTime, profile_calls
 from forge_core.runtime.signature import DYNAMIC_DIM, TensorSpec, check_inputs
 from forge_core.threads import configure_threads
 
@@ -86,6 +87,16 @@ class Runtime:
         return outputs_to_numpy(self._main(*args))
 
     __call__ = infer
+
+    def profile(self, *arrays: Any, repeat: int = 10) -> list[FunctionTime]:
+        """Time every function the model calls, over ``repeat`` runs; slowest first.
+
+        Inputs as for :meth:`infer` (random ones when none are given).
+        """
+        checked = check_inputs(self._inputs, arrays or self.example_inputs())
+        args = [tvm.runtime.tensor(a, self._device) for a in checked]
+        self._main(*args)
+        return profile_calls(self._vm, lambda: self._main(*args), repeat)
 
     def example_inputs(self, seed: int = 0) -> list[np.ndarray]:
         """Random inputs matching the signature (dynamic dimensions set to 1)."""

@@ -1,0 +1,173 @@
+"""CPU latency of Forge against onnxruntime and torch eager, on three models, in one run.
+
+    .venv/bin/python benchmarks/cpu_latency.py [--models resnet50,mobilenetv2,bert6] [--tune-minutes 30]
+
+Models, batch 1, threads = cores:
+* resnet50: the ONNX ResNet-50 shipped in the onnx wheel (light_resnet50.onnx);
+* mobilenetv2: MobileNetV2 built in torch (benchmarks/models.py), 224x224;
+* bert6: a 6-layer BERT-style encoder built in torch: hidden 384, 12 heads, sequence 128.
+
+Every engine is timed in a process of its own (benchmarks/timing_worker.py):
+Forge's artifact through the light runtime, onnxruntime on the same ONNX
+graph, torch eager on the torch model. Forge untuned is the default
+compile(); Forge tuned adds ``IRModule.tune`` within ``--tune-minutes`` per
+model. Prints a table and writes benchmarks/results/cpu_latency.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+
+import forge
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from models import BertEncoder, MobileNetV2, randomized  # noqa: E402
+
+LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+
+
+@dataclass
+class Entry:
+    model: str
+    engine: str
+    median_ms: float
+    p90_ms: float
+    ratio_to_onnxruntime: float | None = None
+    compile_s: float | None = None
+    tuning_s: float | None = None
+    max_abs_error_vs_onnxruntime: float | None = None
+    threads: int | None = None
+
+
+@dataclass
+class Case:
+    name: str
+    onnx_path: Path
+    inputs: list[np.ndarray]
+    torch_path: Path | None
+    load: object  # () -> forge.IRModule
+
+
+def _worker(engine: str, model: Path, inputs_path: Path) -> dict:
+    done = subprocess.run([sys.executable, str(HERE / "timing_worker.py"), engine, str(model), str(inputs_path)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{engine} timing failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _torch_case(name: str, model: torch.nn.Module, example: torch.Tensor, input_name: str, work: Path) -> Case:
+    onnx_path, torch_path = work / f"{name}.onnx", work / f"{name}.pt"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (example,), str(onnx_path), input_names=[input_name], opset_version=17,
+                          dynamo=False)
+    torch.save(model, torch_path)
+    spec = [(input_name, (tuple(example.shape), str(example.dtype).removeprefix("torch.")))]
+    return Case(name, onnx_path, [example.numpy()], torch_path, lambda: forge.from_torch(model, spec))
+
+
+def build_cases(names: list[str], work: Path) -> list[Case]:
+    cases = []
+    for name in names:
+        if name == "resnet50":
+            path = LIGHT / "light_resnet50.onnx"
+            shape = (1, 3, 224, 224)
+            x = (np.arange(np.prod(shape)).reshape(shape) / np.prod(shape)).astype(np.float32)
+            cases.append(Case(name, path, [x], None, lambda path=path: forge.from_onnx(path)))
+        elif name == "mobilenetv2":
+            model = randomized(MobileNetV2(), seed=1)
+            cases.append(_torch_case(name, model, torch.randn(1, 3, 224, 224), "image", work))
+        elif name == "bert6":
+            model = randomized(BertEncoder(), seed=2)
+            ids = torch.randint(0, 30522, (1, 128), generator=torch.Generator().manual_seed(0))
+            cases.append(_torch_case(name, model, ids, "input_ids", work))
+        else:
+            raise SystemExit(f"unknown model {name!r}")
+    return cases
+
+
+def run_case(case: Case, work: Path, tune_minutes: float) -> list[Entry]:
+    inputs_path = work / f"{case.name}_inputs.npz"
+    np.savez(inputs_path, *case.inputs)
+    reference = _worker("onnxruntime", case.onnx_path, inputs_path)
+    ort_out = np.load(f"{inputs_path}.onnxruntime.npy")
+    entries = [Entry(case.name, "onnxruntime", reference["median_ms"], reference["p90_ms"], 1.0,
+                     threads=reference["threads"])]
+
+    def forge_entry(engine: str, ir: forge.IRModule, compile_s: float, tuning_s: float | None) -> Entry:
+        artifact = work / f"{case.name}_{engine.replace(' ', '_')}"
+        ir.compile(output_path=artifact, force_overwrite=True)
+        result = _worker("forge", artifact, inputs_path)
+        out = np.load(f"{inputs_path}.forge.npy")
+        return Entry(case.name, engine, result["median_ms"], result["p90_ms"],
+                     result["median_ms"] / reference["median_ms"], compile_s, tuning_s,
+                     float(np.max(np.abs(out - ort_out))), result["threads"])
+
+    ir = case.load()
+    started = time.perf_counter()
+    ir.compile(output_path=work / "compile_timing", force_overwrite=True)
+    compile_s = time.perf_counter() - started
+    entries.append(forge_entry("forge untuned", ir, compile_s, None))
+    if tune_minutes > 0:
+        started = time.perf_counter()
+        report = ir.tune(work_dir=work / f"{case.name}_db", trials=100_000, time_budget=tune_minutes * 60)
+        tuning_s = time.perf_counter() - started
+        print(report.summary())
+        entries.append(forge_entry("forge tuned", ir, compile_s, tuning_s))
+    if case.torch_path is not None:
+        result = _worker("torch", case.torch_path, inputs_path)
+        entries.append(Entry(case.name, "torch eager", result["median_ms"], result["p90_ms"],
+                             result["median_ms"] / reference["median_ms"], threads=result["threads"]))
+    return entries
+
+
+def print_table(entries: list[Entry]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("model", "engine", "median ms", "p90 ms", "x onnxruntime", "compile s", "tuning s",
+                  "max |err| vs ort", "threads")
+    fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
+    for e in entries:
+        table.add_row(e.model, e.engine, fmt(e.median_ms, ".2f"), fmt(e.p90_ms, ".2f"),
+                      fmt(e.ratio_to_onnxruntime, ".2f"), fmt(e.compile_s, ".1f"), fmt(e.tuning_s, ".0f"),
+                      fmt(e.max_abs_error_vs_onnxruntime, ".1e"), fmt(e.threads, "d"))
+    Console(width=160).print(table)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="resnet50,mobilenetv2,bert6")
+    parser.add_argument("--tune-minutes", type=float, default=0.0, help="tuning budget per model (0: skip)")
+    parser.add_argument("--json", default=str(HERE / "results" / "cpu_latency.json"))
+    args = parser.parse_args()
+    entries: list[Entry] = []
+    with tempfile.TemporaryDirectory(prefix="forge-bench-") as tmp:
+        work = Path(tmp)
+        for case in build_cases(args.models.split(","), work):
+            entries += run_case(case, work, args.tune_minutes)
+            print_table([e for e in entries if e.model == case.name])
+    print_table(entries)
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps([asdict(e) for e in entries], indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""Times one engine in its own process (spinning worker threads of two engines disturb each other).
+
+    python timing_worker.py forge ARTIFACT INPUTS.npz
+    python timing_worker.py onnxruntime MODEL.onnx INPUTS.npz
+    python timing_worker.py torch MODEL.pt INPUTS.npz
+
+Prints one JSON line: median and p90 in ms, the run count, the thread count,
+and writes the first output beside the inputs (``INPUTS.npz.<engine>.npy``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+MIN_RUNS, MIN_SECONDS, WARMUP = 20, 3.0, 5
+
+
+def measure(run, inputs):
+    for _ in range(WARMUP):
+        first = run(inputs)
+    times = []
+    started = time.perf_counter()
+    while len(times) < MIN_RUNS or time.perf_counter() - started < MIN_SECONDS:
+        t0 = time.perf_counter()
+        run(inputs)
+        times.append((time.perf_counter() - t0) * 1000)
+        if len(times) >= 1000:
+            break
+    return first, np.array(times)
+
+
+def main() -> None:
+    engine, model_path, inputs_path = sys.argv[1:4]
+    threads = int(os.environ.get("FORGE_NUM_THREADS") or len(os.sched_getaffinity(0)))
+    with np.load(inputs_path) as data:
+        inputs = [data[f"arr_{i}"] for i in range(len(data.files))]
+    if engine == "forge":
+        from forge_core.runtime import Runtime
+
+        runtime = Runtime(model_path)
+        threads = runtime.num_threads
+        first, times = measure(lambda xs: runtime.infer(*xs)[0], inputs)
+    elif engine == "onnxruntime":
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3
+        session = ort.InferenceSession(model_path, options, providers=["CPUExecutionProvider"])
+        names = [i.name for i in session.get_inputs()]
+        first, times = measure(lambda xs: session.run(None, dict(zip(names, xs)))[0], inputs)
+    elif engine == "torch":
+        import torch
+
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        torch.set_num_threads(threads)
+        model = torch.load(model_path, weights_only=False).eval()
+        tensors = [torch.from_numpy(x) for x in inputs]
+
+        def run(_):
+            with torch.inference_mode():
+                return model(*tensors).numpy()
+
+        first, times = measure(run, inputs)
+    else:
+        raise SystemExit(f"unknown engine {engine!r}")
+    np.save(f"{inputs_path}.{engine}.npy", first)
+    print(json.dumps({"median_ms": float(np.median(times)), "p90_ms": float(np.percentile(times, 90)),
+                      "runs": len(times), "threads": threads}))
+
+
+if __name__ == "__main__":
+    main()
