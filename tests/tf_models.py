@@ -47,8 +47,9 @@ def residual_cnn(seed: int = 1, size: int = 16) -> keras.Model:
     return randomize_batch_norms(keras.Model(image, [logits, features], name="residual_cnn"), seed)
 
 
-def transformer_block(seed: int = 2, tokens: int = 8, hidden: int = 32) -> keras.Model:
-    """Self-attention (MultiHeadAttention), LayerNormalization and a gelu feed-forward, as in BERT."""
+def transformer_block(seed: int = 2, tokens: int | None = 8, hidden: int = 32) -> keras.Model:
+    """Self-attention (MultiHeadAttention), LayerNormalization and a gelu feed-forward, as in BERT;
+    ``tokens=None`` leaves the sequence length to the caller."""
     keras.utils.set_random_seed(seed)
     x = keras.Input((tokens, hidden), name="tokens")
     attended = keras.layers.MultiHeadAttention(num_heads=4, key_dim=hidden // 4)(x, x)
@@ -77,12 +78,30 @@ def two_inputs_two_outputs(seed: int = 4) -> keras.Model:
     return keras.Model([features, ids], [probabilities, value], name="two_in_two_out")
 
 
-def conv1d_net(seed: int = 5) -> keras.Model:
-    """Conv1D: with a dynamic batch, TVM's TFLite importer fails on its EXPAND_DIMS; tf2onnx takes it."""
+def sequence_net(seed: int = 5) -> keras.Model:
+    """Conv1D (EXPAND_DIMS), Dense on a sequence (a reshape through SHAPE, GATHER, REDUCE_PROD, PACK) and
+    Flatten (SHAPE, STRIDED_SLICE, PACK): with a dynamic batch, shape arithmetic on the batch."""
     keras.utils.set_random_seed(seed)
     x = keras.Input((16, 4), name="signal")
     y = keras.layers.Conv1D(8, 3, padding="same", activation="relu")(x)
-    return keras.Model(x, keras.layers.Dense(2)(keras.layers.GlobalAveragePooling1D()(y)), name="conv1d_net")
+    y = keras.layers.Dense(6, activation="tanh")(y)
+    return keras.Model(x, keras.layers.Dense(2)(keras.layers.Flatten()(y)), name="sequence_net")
+
+
+def cropped_cnn(seed: int = 6) -> keras.Model:
+    """Cropping2D: with a dynamic batch, TVM's STRIDED_SLICE converter needs the batch as an int; tf2onnx
+    takes the model instead."""
+    keras.utils.set_random_seed(seed)
+    x = keras.Input((10, 10, 3), name="image")
+    y = keras.layers.Cropping2D(2)(keras.layers.Conv2D(4, 3, padding="same")(x))
+    return keras.Model(x, keras.layers.Dense(3)(keras.layers.GlobalAveragePooling2D()(y)), name="cropped_cnn")
+
+
+def static_flatten_net(seed: int = 7) -> keras.Model:
+    """Built for a batch of exactly 1: its TFLite graph reshapes to the constant shape (1, 32)."""
+    keras.utils.set_random_seed(seed)
+    x = keras.Input((4, 4, 2), batch_size=1, name="values")
+    return keras.Model(x, keras.layers.Dense(2)(keras.layers.Flatten()(x)), name="static_flatten")
 
 
 def unsupported_ops_net() -> keras.Model:
@@ -96,7 +115,7 @@ def unsupported_ops_net() -> keras.Model:
 # -- TensorFlow graphs ------------------------------------------------------------
 
 
-def frozen_graph(seed: int = 6) -> tuple[tf.compat.v1.GraphDef, Callable[[np.ndarray], np.ndarray]]:
+def frozen_graph(seed: int = 8) -> tuple[tf.compat.v1.GraphDef, Callable[[np.ndarray], np.ndarray]]:
     """A TF1-style frozen GraphDef (placeholder ``x``, NHWC, dynamic batch; last node ``out``) and a
     reference that runs it in a tf.compat.v1 Session."""
     rng = np.random.default_rng(seed)
@@ -121,7 +140,7 @@ def frozen_graph(seed: int = 6) -> tuple[tf.compat.v1.GraphDef, Callable[[np.nda
 class Scorer(tf.Module):
     """A tf.Module with variables, saved as a SavedModel with a ``serving_default`` signature."""
 
-    def __init__(self, seed: int = 7) -> None:
+    def __init__(self, seed: int = 9) -> None:
         super().__init__()
         rng = np.random.default_rng(seed)
         self.w1 = tf.Variable(rng.standard_normal((10, 16)).astype("float32"))
@@ -148,7 +167,7 @@ def tflite_bytes(model: keras.Model) -> bytes:
     return tf.lite.TFLiteConverter.from_keras_model(model).convert()
 
 
-def quantized_tflite(model: keras.Model, io_dtype: str, seed: int = 8) -> bytes:
+def quantized_tflite(model: keras.Model, io_dtype: str, seed: int = 10) -> bytes:
     """Full-integer (int8) post-training quantization with a representative dataset; input and output of
     ``io_dtype``: "int8", "uint8", or "float32" (a QUANTIZE and a DEQUANTIZE at the ends)."""
     rng = np.random.default_rng(seed)

@@ -27,6 +27,7 @@ from forge_core.loaders import load
 from forge_tf.console import captured_output, first_line
 from forge_tf.frozen_function import FrozenFunction
 from forge_tf.signature import InputSpec
+from forge_tf.tflite_import import outputs_are_fixed
 from forge_tf.tflite_model import TFLiteModel
 
 DEFAULT_ONNX_OPSET = 17
@@ -123,12 +124,26 @@ def onnx_shapes(specs: Sequence[InputSpec]) -> dict[str, tuple[int | str, ...]]:
     }
 
 
-def import_through_onnx(onnx_model: bytes, specs: Sequence[InputSpec]) -> tvm.IRModule:
-    """A Relax module of the ONNX model, loaded by the ``onnx`` frontend (constants not yet folded)."""
+def import_through_onnx(onnx_model: bytes, specs: Sequence[InputSpec], loader: str) -> tvm.IRModule:
+    """A Relax module of the ONNX model, loaded by the ``onnx`` frontend (constants not yet folded).
+
+    When inputs were asked to be dynamic and no output dimension grows with
+    them, the model itself fixes the batch (a reshape to a constant shape, say);
+    that warns, naming the inputs.
+    """
     try:
         ir = load("onnx", onnx_model, shape=onnx_shapes(specs), fold_constants=False, fold_batch_norms=False)
     except ForgeError:
         raise
     except Exception as exc:  # noqa: BLE001 - a third-party plugin may raise anything
         raise ModelImportError(f"the onnx frontend failed: {type(exc).__name__}: {first_line(exc)}") from exc
+    dynamic = [spec.name for spec in specs if spec.dynamic_axes]
+    if dynamic and outputs_are_fixed(ir.mod):
+        warnings.warn(
+            f"{loader}: input{'s' if len(dynamic) > 1 else ''} {', '.join(map(repr, dynamic))} "
+            f"{'were' if len(dynamic) > 1 else 'was'} asked to be dynamic, but no output dimension depends on "
+            "them: the model fixes its shapes (e.g. a reshape to a constant shape) and may only run at the "
+            "size it was built for",
+            UserWarning, stacklevel=5,
+        )
     return ir.mod

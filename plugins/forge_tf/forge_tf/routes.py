@@ -40,7 +40,7 @@ def import_function(
             raise
         try:
             onnx_model = onnx_fallback.onnx_from_function(frozen, onnx_opset)
-            mod = onnx_fallback.import_through_onnx(onnx_model, frozen.inputs)
+            mod = onnx_fallback.import_through_onnx(onnx_model, frozen.inputs, loader)
         except Exception as onnx_error:  # noqa: BLE001 - report both routes whatever failed
             if isinstance(direct_error, UnsupportedOperatorError):
                 raise UnsupportedOperatorError(

@@ -3,8 +3,10 @@
 Dynamic dimensions become TIR variables in the input types: the batch (axis 0)
 is one variable ``batch`` shared by every input, any other dynamic axis a
 variable ``<input>_dim<axis>``. TVM's converters handle such shapes for
-convolutions, pooling, elementwise ops and 2-D matmuls; where one cannot, the
-import fails and the loaders take their fallback route.
+convolutions, pooling, elementwise ops and matmuls, and
+:mod:`forge_tf.symbolic_shapes` evaluates the shape arithmetic of reshapes;
+where a converter still cannot, the import fails and the loaders take their
+fallback route.
 """
 
 from __future__ import annotations
@@ -22,21 +24,30 @@ from forge_core.errors import ForgeError, ModelImportError, OperatorConversionEr
 from forge_tf.console import captured_output
 from forge_tf.operator_support import operator_code
 from forge_tf.signature import Dim
+from forge_tf.symbolic_shapes import SymbolicShapes, symbolic_int_lists
 from forge_tf.tflite_model import TFLiteModel, tensor_name
 
 BATCH_VAR = "batch"
 
 
-class _NamedFailures(OperatorConverter):
-    """TVM's converter, with every per-operator failure named by the op and its first output tensor."""
+class ForgeOperatorConverter(SymbolicShapes, OperatorConverter):
+    """TVM's converter, with shape arithmetic on dynamic dimensions (:mod:`forge_tf.symbolic_shapes`) and
+    every per-operator failure named by the op and its first output tensor."""
 
     def __init__(self, model: Any, subgraph: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(model, subgraph, *args, **kwargs)
+        self._init_symbolic_shapes()
         self.convert_map = {code: self._named(code, convert) for code, convert in self.convert_map.items()}
 
     def _named(self, code: str, convert: Callable[..., Any]) -> Callable[..., Any]:
+        symbolic = self.symbolic_converter(code)
+
         def call(op: Any) -> Any:
             try:
+                if symbolic is not None:
+                    result = symbolic(op)
+                    if result is not None:
+                        return result
                 return convert(op=op)
             except ForgeError:
                 raise
@@ -52,7 +63,7 @@ def _var_name(text: str) -> str:
     return re.sub(r"\W", "_", text)
 
 
-def symbolic_shapes(shapes: Mapping[str, Sequence[Dim]]) -> dict[str, tuple[Any, ...]]:
+def shapes_with_variables(shapes: Mapping[str, Sequence[Dim]]) -> dict[str, tuple[Any, ...]]:
     """Shapes for TVM's importer: a ``tirx.Var`` in place of each dynamic dimension."""
     batch = tirx.Var(BATCH_VAR, "int64")
     typed: dict[str, tuple[Any, ...]] = {}
@@ -64,17 +75,75 @@ def symbolic_shapes(shapes: Mapping[str, Sequence[Dim]]) -> dict[str, tuple[Any,
     return typed
 
 
-def has_dynamic_output(mod: tvm.IRModule) -> bool:
-    """Whether some output of ``main`` keeps a dimension that is not a constant."""
+class _InputProbe:
+    """Tells whether a dimension of ``main``'s outputs depends on its dynamic input dimensions.
+
+    It evaluates the dimension with every input variable set to 1, then to
+    1000 and more: a dimension that comes out as the same constant both times
+    does not grow with the inputs. (A bound alone would not do: TVM writes
+    ``min(2147483647, batch)`` for an open-ended slice, bounded yet dynamic.)
+    """
+
+    def __init__(self, mod: tvm.IRModule) -> None:
+        self.small, self.large = tvm.sym.Analyzer(), tvm.sym.Analyzer()
+        variables: list[tirx.Var] = []
+        for param in mod["main"].params:
+            for dim in getattr(getattr(param.ty, "shape", None), "values", []):
+                if isinstance(dim, tirx.Var) and not any(dim.same_as(v) for v in variables):
+                    variables.append(dim)
+        for offset, var in enumerate(variables):
+            dtype = str(getattr(var.ty, "dtype", "int64"))
+            self.small.bind(var, tirx.IntImm(dtype, 1))
+            self.large.bind(var, tirx.IntImm(dtype, 1000 + 7 * offset))
+
+    def is_fixed(self, dim: Any) -> bool:
+        small, large = self.small.simplify(dim), self.large.simplify(dim)
+        return isinstance(small, tirx.IntImm) and isinstance(large, tirx.IntImm) and int(small) == int(large)
+
+
+def _output_types(mod: tvm.IRModule) -> list[Any]:
     ret = mod["main"].ret_ty
-    fields = ret.fields if isinstance(ret, relax.TupleType) else [ret]
-    for field in fields:
+    return list(ret.fields) if isinstance(ret, relax.TupleType) else [ret]
+
+
+def outputs_are_fixed(mod: tvm.IRModule) -> bool:
+    """Whether no output dimension of ``main`` depends on its dynamic input dimensions."""
+    probe = _InputProbe(mod)
+    for field in _output_types(mod):
+        shape = getattr(field, "shape", None)
+        if shape is None or not all(probe.is_fixed(dim) for dim in shape.values):
+            return False
+    return True
+
+
+def fixed_dynamic_dims(mod: tvm.IRModule, tflite_model: TFLiteModel) -> list[str]:
+    """Output dimensions the import fixed although they should grow with the dynamic inputs.
+
+    When the converter that wrote the flatbuffer knew of dynamic inputs (some
+    input's ``shape_signature`` has a -1), an output axis is dynamic where its
+    own signature says -1. Otherwise (a static model given dynamic shapes), an
+    output's symbolic axes are checked, or its first axis when all are
+    constant. An axis is fixed when it does not depend on the dynamic inputs
+    (:class:`_InputProbe`): the TFLite graph or a converter used the size the
+    flatbuffer stores, 1 (e.g. ``min(1, batch)``). Returns descriptions such as
+    ``"output 0 axis 0 is 1"``.
+    """
+    probe = _InputProbe(mod)
+    tracked = any(size < 0 for info in tflite_model.inputs for size in info.signature)
+    fixed = []
+    for index, (field, info) in enumerate(zip(_output_types(mod), tflite_model.outputs)):
         shape = getattr(field, "shape", None)
         if shape is None:
-            return True
-        if any(not isinstance(dim, tirx.IntImm) for dim in shape.values):
-            return True
-    return False
+            continue
+        dims = list(shape.values)
+        if tracked:
+            axes = [axis for axis, size in enumerate(info.signature) if size < 0]
+        else:
+            axes = [axis for axis, dim in enumerate(dims) if not isinstance(dim, tirx.IntImm)] or [0]
+        for axis in axes:
+            if axis < len(dims) and probe.is_fixed(dims[axis]):
+                fixed.append(f"output {index} axis {axis} is {int(probe.small.simplify(dims[axis]))}")
+    return fixed
 
 
 def import_tflite(
@@ -88,12 +157,12 @@ def import_tflite(
     dimension is dynamic.
     """
     try:
-        with captured_output("TVM's TFLite importer"):
+        with captured_output("TVM's TFLite importer"), symbolic_int_lists():
             mod = from_tflite(
                 tflite_model.model,
-                shape_dict=symbolic_shapes(shapes or {}),
+                shape_dict=shapes_with_variables(shapes or {}),
                 dtype_dict=dict(dtypes or {}),
-                op_converter=_NamedFailures,
+                op_converter=ForgeOperatorConverter,
             )
     except ForgeError:
         raise

@@ -15,7 +15,7 @@ from forge_tf import onnx_fallback
 from forge_tf.console import one_line
 from forge_tf.operator_support import check_operators
 from forge_tf.signature import Dim, InputSpec, dtype_name, parse_shape
-from forge_tf.tflite_import import has_dynamic_output, import_tflite
+from forge_tf.tflite_import import fixed_dynamic_dims, import_tflite
 from forge_tf.tflite_model import TFLiteModel, read_tflite
 
 logger = logging.getLogger("forge.tf")
@@ -59,10 +59,11 @@ def _input_specs(model: TFLiteModel, shape_dict: Mapping[str, Any] | None,
 def _through_tflite(model: TFLiteModel, specs: Sequence[InputSpec]) -> tvm.IRModule:
     check_operators(model)
     mod = import_tflite(model, {s.name: s.shape for s in specs}, {s.name: s.dtype for s in specs})
-    if any(s.dynamic_axes for s in specs) and not has_dynamic_output(mod):
+    fixed = fixed_dynamic_dims(mod, model) if any(s.dynamic_axes for s in specs) else []
+    if fixed:
         raise ModelImportError(
-            "the TFLite importer fixed the dynamic dimensions: every output of the imported module has a static "
-            "shape (the TFLite graph computes with a fixed batch)"
+            f"TVM's TFLite importer fixed dimensions that should stay dynamic ({'; '.join(fixed)}): the TFLite "
+            "graph or one of TVM's converters uses the size the flatbuffer stores"
         )
     return mod
 
@@ -91,7 +92,7 @@ def load_tflite(
             raise
         try:
             onnx_model = onnx_fallback.onnx_from_tflite(tflite_model, onnx_opset)
-            mod = onnx_fallback.import_through_onnx(onnx_model, specs)
+            mod = onnx_fallback.import_through_onnx(onnx_model, specs, LOADER)
         except Exception as onnx_error:  # noqa: BLE001 - report both routes whatever failed
             raise ModelImportError(
                 f"{LOADER}: both routes failed.\nTVM's TFLite importer: {one_line(direct_error)}\n"

@@ -21,7 +21,7 @@ from forge_tf.console import captured_output, first_line
 from forge_tf.frozen_function import FrozenFunction
 from forge_tf.interface import rewrite_main
 from forge_tf.operator_support import check_operators
-from forge_tf.tflite_import import has_dynamic_output, import_tflite
+from forge_tf.tflite_import import fixed_dynamic_dims, import_tflite
 from forge_tf.tflite_model import TensorInfo, TFLiteModel, parse_tflite
 
 logger = logging.getLogger("forge.tf")
@@ -77,10 +77,11 @@ def import_through_tflite(frozen: FrozenFunction, frontend: str) -> tvm.IRModule
     shapes = {tflite_inputs[position].name: spec.shape
               for spec, position in zip(frozen.inputs, input_order) if spec.shape is not None}
     mod = import_tflite(tflite_model, shapes)
-    if frozen.is_dynamic and not has_dynamic_output(mod):
+    fixed = fixed_dynamic_dims(mod, tflite_model) if frozen.is_dynamic else []
+    if fixed:
         raise ModelImportError(
-            "the TFLite route fixed the dynamic dimensions: every output of the imported module has a static "
-            "shape (the TFLite graph computes with a fixed batch)"
+            f"the TFLite route fixed dimensions that should stay dynamic ({'; '.join(fixed)}): the TFLite graph "
+            "or one of TVM's converters uses the size the flatbuffer stores"
         )
     mod = rewrite_main(mod, input_order=input_order, output_order=output_order)
     mod = rename_inputs(mod, [spec.name for spec in frozen.inputs])
