@@ -136,10 +136,12 @@ def from_tensorflow(*args: Any, **kwargs: Any) -> IRModule:
     The companion parameters (weights) are handled automatically. TVM 0.27 has
     no Relax TensorFlow importer, so Forge traces the model into a frozen
     concrete function and converts it with TensorFlow's TFLite converter and
-    TVM's TFLite importer. When that route fails, or cannot keep a dimension
-    asked to be dynamic, Forge converts the same function with tf2onnx and
-    loads it with the ``onnx`` frontend, logging one warning (logger
-    ``forge.tf``) that says why; when both fail, the error shows both causes.
+    TVM's TFLite importer; dynamic dimensions stay symbolic, Forge evaluating
+    the graph's shape arithmetic on them. When that route fails, or fixes a
+    dimension asked to be dynamic, Forge converts the same function with
+    tf2onnx and loads it with the ``onnx`` frontend, logging one warning
+    (logger ``forge.tf``) that says why; when both fail, the error shows both
+    causes.
 
     Args:
         graph: A frozen ``tf.compat.v1.GraphDef`` (its variables turned into
@@ -164,7 +166,8 @@ def from_tensorflow(*args: Any, **kwargs: Any) -> IRModule:
         convert_config: Relay-era options (``use_dense``,
             ``use_nt_batch_matmul``). **Not honoured**: Relax has no such
             options; passing it warns.
-        signature_key: Keyword-only: the SavedModel signature to load.
+        signature_key: Keyword-only: the SavedModel signature to load. Passing it
+            for another kind of model warns (it is not honoured there).
         fallback_to_onnx: Keyword-only; False disables the tf2onnx route.
         onnx_opset: Keyword-only; the opset of the tf2onnx route. Defaults to 17.
         fold_constants: Keyword-only; passed to :class:`forge.IRModule`.

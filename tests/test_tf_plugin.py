@@ -442,6 +442,8 @@ def test_tensorflow_options_that_relax_cannot_honour_warn_and_bad_graphs_fail():
     graph_def, _ = tf_models.frozen_graph()
     with pytest.warns(UserWarning, match="convert_config is not honoured"):
         forge.from_tensorflow(graph_def, convert_config={"use_dense": True})
+    with pytest.warns(UserWarning, match="signature_key is not honoured: it selects a SavedModel's signature"):
+        forge.from_tensorflow(graph_def, signature_key="serving_default")
     with pytest.raises(forge.ModelImportError, match="outputs names 'logits', which is not a node"):
         forge.from_tensorflow(graph_def, outputs=["logits"])
     with pytest.raises(ValueError, match="layout 'NC' is not supported"):
