@@ -124,11 +124,43 @@ def register_exporters(register: Callable[..., None]) -> None:
     """
 
 
+@hookspec
+def register_converters(register: Callable[..., None]) -> None:
+    """Register operator converters that a frontend uses before its own.
+
+    Call ``register(frontend, op_type, converter, *, domain="", description="")``:
+
+    ``frontend`` (str)
+        The frontend that uses it, e.g. ``"onnx"``.
+    ``op_type`` (str)
+        The source framework's operator name (for ONNX, the node's ``op_type``).
+    ``converter`` (callable)
+        For ``"onnx"``: ``converter(bb, inputs, attrs, context) -> relax.Expr``.
+        ``bb`` is the ``relax.BlockBuilder`` being filled, ``inputs`` the
+        node's inputs as Relax expressions (``None`` for an omitted optional
+        input; constants are ``relax.Constant``), ``attrs`` the node's
+        attributes as Python values, and ``context`` a
+        ``forge_onnx.converters.ConverterContext`` (``opset``, ``node``
+        name, ``domain``). Return one expression, or a ``relax.Tuple`` for a
+        node with several outputs. Raise an exception naming what is
+        unsupported; Forge reports it with the node's name.
+    ``domain`` (str)
+        The operator's domain: ``""`` for ONNX's default one.
+    ``description`` (str)
+        One line shown by ``forge plugins``.
+
+    A registered converter takes precedence over the frontend's built-in
+    conversion of the same operator; two plugins registering one
+    (frontend, domain, op_type) conflict.
+    """
+
+
 HOOK_NAMES: tuple[str, ...] = (
     "register_frontends",
     "register_passes",
     "register_target_tags",
     "register_exporters",
+    "register_converters",
 )
 
 __all__ = ["hookspec", "hookimpl", "HOOK_NAMES", "PROJECT_NAME"]

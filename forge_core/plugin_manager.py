@@ -105,6 +105,18 @@ class Exporter:
 
 
 @dataclass(frozen=True)
+class Converter:
+    """An operator converter for one frontend (see ``register_converters``)."""
+
+    frontend: str
+    domain: str
+    op_type: str
+    convert: Callable[..., Any]
+    plugin: str
+    description: str = ""
+
+
+@dataclass(frozen=True)
 class PluginInfo:
     """One loaded plugin, as :func:`forge.list_plugins` reports it."""
 
@@ -228,7 +240,9 @@ class ForgePluginManager:
 
     # -- collecting registrations -------------------------------------------
 
-    def _collect(self, hook_name: str, kind: str, make: Callable[..., T]) -> dict[str, T]:
+    def _collect(self, hook_name: str, kind: str, make: Callable[..., T],
+                 key: Callable[[Any], str] | None = None) -> dict[str, T]:
+        """Call every implementation of ``hook_name``; items are keyed by their name (or ``key(item)``)."""
         with self._lock:
             if hook_name in self._cache:
                 return self._cache[hook_name]
@@ -240,9 +254,10 @@ class ForgePluginManager:
 
                 def register(name: str, *args: Any, _plugin: str = plugin_name, **kwargs: Any) -> None:
                     item = make(name, *args, plugin=_plugin, **kwargs)
-                    if name in items:
-                        raise PluginConflictError(kind, name, items[name].plugin, _plugin)
-                    items[name] = item
+                    item_key = key(item) if key is not None else name
+                    if item_key in items:
+                        raise PluginConflictError(kind, item_key, items[item_key].plugin, _plugin)
+                    items[item_key] = item
 
                 impl.function(**{arg: register for arg in impl.argnames if arg == "register"})
             self._cache[hook_name] = items
@@ -283,6 +298,12 @@ class ForgePluginManager:
             raise PluginNotInstalledError("exporter", fmt, available=list(found))
         return found[fmt]
 
+    def converters(self, frontend: str) -> dict[tuple[str, str], Converter]:
+        """The converters registered for ``frontend``, by ``(domain, op_type)``."""
+        every = self._collect("register_converters", "converter", _make_converter,
+                              key=lambda c: f"{c.frontend}:{c.domain or 'default'}:{c.op_type}")
+        return {(c.domain, c.op_type): c for c in every.values() if c.frontend == frontend}
+
     def list_plugins(self) -> list[PluginInfo]:
         """Each plugin's name, version, distribution and the hooks it implements."""
         infos = []
@@ -320,6 +341,14 @@ def _make_tag(
     if not isinstance(target, (str, Mapping)):
         raise PluginError(f"Plugin {plugin!r} registered tag {name!r} with a target of type {type(target).__name__}")
     return TargetTag(str(name), target if isinstance(target, str) else dict(target), str(category), str(note), plugin)
+
+
+def _make_converter(
+    frontend: str, op_type: str, convert: Callable[..., Any], *, plugin: str, domain: str = "", description: str = ""
+) -> Converter:
+    if not callable(convert):
+        raise PluginError(f"Plugin {plugin!r} registered a {frontend} converter for {op_type!r} that is not callable")
+    return Converter(str(frontend), str(domain), str(op_type), convert, plugin, description)
 
 
 def _make_exporter(fmt: str, write: Callable[..., Any], *, plugin: str, description: str = "") -> Exporter:

@@ -42,6 +42,34 @@ def exporter_formats(options: CompileOptions) -> list[str]:
     return formats
 
 
+def compile_to_function(
+    ir: IRModule,
+    target: str | Mapping[str, Any] | tvm.target.Target = "llvm",
+    opt_level: int = 3,
+    set_float16: bool = False,
+    set_channel_layout: str | None = None,
+) -> Any:
+    """Compile ``ir`` like ``compile()`` does, into a callable kept in memory (no artifact written).
+
+    For runners such as the ONNX backend: same pipeline, same schedules, no
+    library export. Returns a :class:`forge_core.ir.inference.InferenceFunction`.
+    """
+    from forge_core.ir.inference import build_inference_function
+
+    options = CompileOptions.validate(None, opt_level, set_float16, set_channel_layout, False, False, False,
+                                      None, None)
+    tvm_target = resolve_target(target)
+    mod = prepare_graph(weights.bind_params(ir.mod, ir.params), options)
+    database = Path(ir.tuning_database) if ir.tuning_database is not None else None
+    try:
+        executable = build(mod, tvm_target, options.opt_level, database)
+    except ForgeError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise CompilationError(f"Building for {tvm_target.kind.name} failed: {exc}") from exc
+    return build_inference_function(executable, tvm_target, ir.input_specs, ir.output_specs)
+
+
 def compile_module(
     ir: IRModule,
     target: str | Mapping[str, Any] | tvm.target.Target = "llvm",

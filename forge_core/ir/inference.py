@@ -42,14 +42,16 @@ class InferenceFunction:
         return f"<InferenceFunction ({ins}) on {self._device}>"
 
 
-def build_inference_function(mod: tvm.IRModule, target: tvm.target.Target, inputs: Sequence[TensorSpec],
+def build_inference_function(mod: tvm.IRModule | Any, target: tvm.target.Target, inputs: Sequence[TensorSpec],
                              outputs: Sequence[TensorSpec]) -> InferenceFunction:
+    """An :class:`InferenceFunction` from a Relax module (built plainly here) or an executable built already."""
     device = tvm.runtime.device(target.get_target_device_type(), 0)
     if not device.exist:
         raise ForgeError(
             f"No {target.kind.name} device is present on this machine; use target='llvm' to run on the CPU."
         )
     configure_threads()
-    logger.debug("building inference function for %s", target)
-    executable = tvm.compile(mod, target=target)
-    return InferenceFunction(executable, device, inputs, outputs)
+    if isinstance(mod, tvm.IRModule):
+        logger.debug("building inference function for %s", target)
+        mod = tvm.compile(mod, target=target)
+    return InferenceFunction(mod, device, inputs, outputs)

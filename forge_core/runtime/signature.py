@@ -91,5 +91,5 @@ def check_inputs(specs: Sequence[TensorSpec], arrays: Sequence[Any]) -> list[np.
                 f"Input {spec.name!r} (#{index}): expected shape {format_shape(spec.shape)}, "
                 f"given {format_shape(value.shape)}."
             )
-        checked.append(np.ascontiguousarray(value))
+        checked.append(np.require(value, requirements="C"))  # ascontiguousarray would make 0-d arrays 1-d
     return checked

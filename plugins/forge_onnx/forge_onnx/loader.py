@@ -21,9 +21,11 @@ from forge_core.errors import ModelImportError, OperatorConversionError
 from forge_core.ir.module import IRModule
 from forge_core.ir.naming import with_output_names
 from forge_core.ir.weights import lift_weights
+from forge_core.plugin_manager import get_plugin_manager
 from forge_onnx import graph_rewrites
+from forge_onnx.converters import ConverterContext
 from forge_onnx.model_file import read_model
-from forge_onnx.operator_support import check_operators
+from forge_onnx.operator_support import check_operators, iter_nodes
 
 logger = logging.getLogger("forge.onnx")
 
@@ -31,11 +33,26 @@ Dim = int | str | None
 
 
 class _ForgeImporter(ONNXGraphImporter):
-    """TVM's importer, with every per-node failure named by node and op."""
+    """TVM's importer, with the registered converters first and every per-node failure named."""
+
+    def __init__(self, *args: Any, converters: Mapping[tuple[str, str], Any], domains: Mapping[str, str],
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._forge_converters = converters
+        self._domains = domains
+
+    def _check_for_unsupported_ops(self, graph: Any) -> None:
+        """Forge checked already (operator_support.check_operators), counting registered converters."""
 
     def _convert_operator(self, op_name: str, inputs: Any, attrs: dict[str, Any], opset: int) -> Any:
         node = attrs.get("tvm_custom", {}).get("name") or f"<unnamed {op_name}>"
+        domain = self._domains.get(node, "")
+        converter = self._forge_converters.get(("" if domain == "ai.onnx" else domain, op_name))
         try:
+            if converter is not None:
+                plain = {k: v for k, v in attrs.items() if k != "tvm_custom"}
+                context = ConverterContext(opset, node, domain, self)
+                return converter.convert(self.bb, list(inputs), plain, context)
             return super()._convert_operator(op_name, inputs, attrs, opset)
         except OperatorConversionError:
             raise
@@ -151,7 +168,10 @@ def _convert(model: onnx.ModelProto, opset: int | None) -> Any:
             f"opset={opset} overrides the model's opset {model_opset} with a lower one; conversion may fail",
             stacklevel=3,
         )
-    importer = _ForgeImporter(None, "float32", keep_params_in_input=False, sanitize=False)
+    converters = get_plugin_manager().converters("onnx")
+    domains = {node.name: node.domain for node in iter_nodes(model.graph)}
+    importer = _ForgeImporter(None, "float32", keep_params_in_input=False, sanitize=False, converters=converters,
+                              domains=domains)
     # TVM's importer prints every failing node's inputs to stdout; keep that for the debug log.
     chatter = io.StringIO()
     try:

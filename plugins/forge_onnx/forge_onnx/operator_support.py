@@ -26,9 +26,13 @@ def iter_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
                     yield from iter_nodes(sub)
 
 
-def supported_operators() -> set[str]:
-    """ONNX op types the importer converts."""
-    return set(_get_convert_map()) | _BUILT_INTO_IMPORTER
+def supported_operators() -> set[tuple[str, str]]:
+    """``(domain, op_type)`` pairs converted: TVM's table (any domain) and the registered converters."""
+    from forge_core.plugin_manager import get_plugin_manager
+
+    registered = set(get_plugin_manager().converters("onnx"))
+    tvm_ops = {("*", op) for op in set(_get_convert_map()) | _BUILT_INTO_IMPORTER}
+    return registered | tvm_ops
 
 
 def _display_name(node: onnx.NodeProto) -> str:
@@ -41,7 +45,10 @@ def check_operators(model: onnx.ModelProto) -> None:
     counts: Counter[str] = Counter()
     examples: dict[str, str] = {}
     for node in iter_nodes(model.graph):
-        if node.op_type in known and node.domain in ("", "ai.onnx", "com.microsoft"):
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        if (domain, node.op_type) in known:
+            continue
+        if ("*", node.op_type) in known and domain in ("", "com.microsoft"):
             continue
         name = _display_name(node)
         counts[name] += 1

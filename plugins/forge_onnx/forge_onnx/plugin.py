@@ -17,3 +17,11 @@ def _load(*args: Any, **kwargs: Any) -> Any:
 @hookimpl
 def register_frontends(register: Callable[..., None]) -> None:
     register("onnx", _load, description="ONNX ModelProto or .onnx file, via TVM's Relax ONNX importer")
+
+
+@hookimpl
+def register_converters(register: Callable[..., None]) -> None:
+    from forge_onnx.converters import catalog
+
+    for op_type, convert in catalog.all_converters().items():
+        register("onnx", op_type, convert, description=convert.__doc__.splitlines()[0] if convert.__doc__ else "")

@@ -1,0 +1,96 @@
+"""Forge as an ``onnx.backend.base.Backend``: import, compile and run, as ONNX users expect.
+
+    import forge_onnx.backend as backend
+    rep = backend.prepare(model)          # forge.from_onnx + compile (in memory) for this CPU
+    outputs = rep.run([x])                # a tuple of numpy arrays, one per graph output
+    outputs = backend.run_model(model, [x])
+    outputs = backend.run_node(node, [x]) # one node, as a one-node model
+
+``prepare`` takes the keyword options ``opt_level`` (default 3),
+``set_float16`` and ``set_channel_layout`` of ``compile()``. Devices: "CPU".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper
+from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
+
+from forge_core.compiler.compile import compile_to_function
+from forge_onnx.loader import load_onnx
+
+_COMPILE_OPTIONS = ("opt_level", "set_float16", "set_channel_layout")
+
+
+class ForgeRep(BackendRep):
+    """A model prepared by Forge: ``run(inputs)`` returns the outputs as a named tuple."""
+
+    def __init__(self, function: Any, input_names: Sequence[str], output_names: Sequence[str]) -> None:
+        self._function = function
+        self.input_names = list(input_names)
+        self.output_names = list(output_names)
+
+    def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
+        if isinstance(inputs, Mapping):
+            arrays = [inputs[name] for name in self.input_names]
+        elif isinstance(inputs, np.ndarray):
+            arrays = [inputs]
+        else:
+            arrays = list(inputs)
+        result = self._function(*arrays)
+        outputs = result if isinstance(result, list) else [result]
+        names = [name if name.isidentifier() else f"output_{i}" for i, name in enumerate(self.output_names)]
+        return namedtupledict("Outputs", names)(*outputs)
+
+
+class ForgeBackend(Backend):
+    """Forge's ONNX backend (CPU)."""
+
+    @classmethod
+    def is_compatible(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> bool:
+        return cls.supports_device(device)
+
+    @classmethod
+    def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> ForgeRep:
+        super().prepare(model, device, **kwargs)
+        options = {k: kwargs[k] for k in _COMPILE_OPTIONS if k in kwargs}
+        ir = load_onnx(model)
+        function = compile_to_function(ir, "llvm", **options)
+        return ForgeRep(function, ir.input_names, ir.output_names)
+
+    @classmethod
+    def run_model(cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU", **kwargs: Any) -> tuple[Any, ...]:
+        return cls.prepare(model, device, **kwargs).run(inputs)
+
+    @classmethod
+    def run_node(cls, node: onnx.NodeProto, inputs: Any, device: str = "CPU",
+                 outputs_info: Sequence[tuple[Any, Any]] | None = None, **kwargs: Any) -> tuple[Any, ...]:
+        arrays = [np.asarray(x) for x in inputs]
+        graph_inputs = [helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+                        for name, a in zip(node.input, arrays)]
+        if outputs_info is None:
+            graph_outputs = [helper.make_tensor_value_info(name, onnx.TensorProto.UNDEFINED, None)
+                             for name in node.output]
+        else:
+            graph_outputs = [helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)),
+                                                           shape)
+                             for name, (dtype, shape) in zip(node.output, outputs_info)]
+        graph = helper.make_graph([node], "run_node", graph_inputs, graph_outputs)
+        opset = kwargs.pop("opset_version", onnx.defs.onnx_opset_version())
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid(node.domain, opset)], ir_version=10)
+        return cls.run_model(model, arrays, device, **kwargs)
+
+    @classmethod
+    def supports_device(cls, device: str) -> bool:
+        return Device(device).type == DeviceType.CPU
+
+
+is_compatible = ForgeBackend.is_compatible
+prepare = ForgeBackend.prepare
+run_model = ForgeBackend.run_model
+run_node = ForgeBackend.run_node
+supports_device = ForgeBackend.supports_device
