@@ -8,6 +8,11 @@
 
 ``prepare`` takes the keyword options ``opt_level`` (default 3),
 ``set_float16`` and ``set_channel_layout`` of ``compile()``. Devices: "CPU".
+
+Graph inputs that feed only operands TVM needs as constants (a Reshape's
+shape, a ReduceSum's axes, a Pad's pads, a TopK's k...) are bound to their
+values when ``run`` first sees them: the model is compiled once per distinct
+value of those inputs, and the compiled versions are cached.
 """
 
 from __future__ import annotations
@@ -17,22 +22,58 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
 
 from forge_core.compiler.compile import compile_to_function
 from forge_onnx.loader import load_onnx
+from forge_onnx.static_inputs import value_inputs
 
 _COMPILE_OPTIONS = ("opt_level", "set_float16", "set_channel_layout")
+
+
+def _graph_inputs(model: onnx.ModelProto) -> list[str]:
+    initializers = {init.name for init in model.graph.initializer}
+    return [vi.name for vi in model.graph.input if vi.name not in initializers]
+
+
+def _bind(model: onnx.ModelProto, values: Mapping[str, np.ndarray]) -> onnx.ModelProto:
+    """A copy of ``model`` whose inputs ``values`` are initializers."""
+    bound = onnx.ModelProto()
+    bound.CopyFrom(model)
+    kept = [vi for vi in bound.graph.input if vi.name not in values]
+    del bound.graph.input[:]
+    bound.graph.input.extend(kept)
+    bound.graph.initializer.extend(numpy_helper.from_array(np.asarray(v), name) for name, v in values.items())
+    return bound
 
 
 class ForgeRep(BackendRep):
     """A model prepared by Forge: ``run(inputs)`` returns the outputs as a named tuple."""
 
-    def __init__(self, function: Any, input_names: Sequence[str], output_names: Sequence[str]) -> None:
-        self._function = function
-        self.input_names = list(input_names)
-        self.output_names = list(output_names)
+    def __init__(self, model: onnx.ModelProto, options: Mapping[str, Any]) -> None:
+        self._model = model
+        self._options = dict(options)
+        self.input_names = _graph_inputs(model)
+        self.output_names = [vi.name for vi in model.graph.output]
+        self._value_inputs = value_inputs(model)
+        self._compiled: dict[bytes, Any] = {}
+        if not self._value_inputs:
+            self._compiled[b""] = self._compile(model)
+
+    def _compile(self, model: onnx.ModelProto) -> Any:
+        return compile_to_function(load_onnx(model), "llvm", **self._options)
+
+    def _function_for(self, arrays: Sequence[np.ndarray]) -> tuple[Any, list[np.ndarray]]:
+        if not self._value_inputs:
+            return self._compiled[b""], list(arrays)
+        values = {name: np.asarray(a) for name, a in zip(self.input_names, arrays) if name in self._value_inputs}
+        key = b"|".join(name.encode() + b"=" + v.dtype.str.encode() + str(v.shape).encode() + v.tobytes()
+                        for name, v in sorted(values.items()))
+        if key not in self._compiled:
+            self._compiled[key] = self._compile(_bind(self._model, values))
+        rest = [a for name, a in zip(self.input_names, arrays) if name not in self._value_inputs]
+        return self._compiled[key], rest
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
         if isinstance(inputs, Mapping):
@@ -41,7 +82,8 @@ class ForgeRep(BackendRep):
             arrays = [inputs]
         else:
             arrays = list(inputs)
-        result = self._function(*arrays)
+        function, rest = self._function_for(arrays)
+        result = function(*rest)
         outputs = result if isinstance(result, list) else [result]
         names = [name if name.isidentifier() else f"output_{i}" for i, name in enumerate(self.output_names)]
         return namedtupledict("Outputs", names)(*outputs)
@@ -58,9 +100,7 @@ class ForgeBackend(Backend):
     def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> ForgeRep:
         super().prepare(model, device, **kwargs)
         options = {k: kwargs[k] for k in _COMPILE_OPTIONS if k in kwargs}
-        ir = load_onnx(model)
-        function = compile_to_function(ir, "llvm", **options)
-        return ForgeRep(function, ir.input_names, ir.output_names)
+        return ForgeRep(model, options)
 
     @classmethod
     def run_model(cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU", **kwargs: Any) -> tuple[Any, ...]:

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 import onnx
+import tvm
+from tvm import relax
 from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
 
 from forge_core.errors import ModelImportError, OperatorConversionError
@@ -23,6 +25,7 @@ from forge_core.ir.naming import with_output_names
 from forge_core.ir.weights import lift_weights
 from forge_core.plugin_manager import get_plugin_manager
 from forge_onnx import graph_rewrites
+from forge_onnx.constant_folding import fold_if_constant
 from forge_onnx.converters import ConverterContext
 from forge_onnx.model_file import read_model
 from forge_onnx.operator_support import check_operators, iter_nodes
@@ -41,6 +44,12 @@ class _ForgeImporter(ONNXGraphImporter):
         self._forge_converters = converters
         self._domains = domains
 
+    def _parse_attr(self, attr_proto: Any) -> dict[str, Any]:
+        """TVM's attribute parsing, plus sparse tensors (which it rejects)."""
+        sparse = {a.name: a.sparse_tensor for a in attr_proto if a.type == onnx.AttributeProto.SPARSE_TENSOR}
+        rest = [a for a in attr_proto if a.type != onnx.AttributeProto.SPARSE_TENSOR]
+        return {**super()._parse_attr(rest), **sparse}
+
     def _check_for_unsupported_ops(self, graph: Any) -> None:
         """Forge checked already (operator_support.check_operators), counting registered converters."""
 
@@ -51,9 +60,14 @@ class _ForgeImporter(ONNXGraphImporter):
         try:
             if converter is not None:
                 plain = {k: v for k, v in attrs.items() if k != "tvm_custom"}
-                context = ConverterContext(opset, node, domain, self)
-                return converter.convert(self.bb, list(inputs), plain, context)
-            return super()._convert_operator(op_name, inputs, attrs, opset)
+                context = ConverterContext(opset, node, domain, self, attrs)
+                result = converter.convert(self.bb, list(inputs), plain, context)
+            else:
+                result = super()._convert_operator(op_name, inputs, attrs, opset)
+            if isinstance(result, relax.Expr) and not isinstance(result, relax.Tuple) and inputs and all(
+                    i is None or isinstance(i, (tvm.ir.GenericConst, relax.ShapeExpr)) for i in inputs):
+                result = fold_if_constant(self.bb, self.bb.normalize(result))
+            return result
         except OperatorConversionError:
             raise
         except Exception as exc:  # noqa: BLE001 - TVM raises anything from asserts to TVMError

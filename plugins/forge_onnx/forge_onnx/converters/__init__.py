@@ -8,7 +8,7 @@ precedence over TVM's conversion of the same operator.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -24,3 +24,17 @@ class ConverterContext:
     """The node's domain (``""`` for ONNX's default one)."""
     importer: Any
     """TVM's importer, for converters that need the graph's other values (rarely)."""
+    raw_attrs: dict[str, Any] = field(default_factory=dict)
+    """The attributes as TVM's converters expect them (with TVM's bookkeeping entries)."""
+
+    @property
+    def outputs(self) -> int:
+        """How many outputs the node has."""
+        return int(self.raw_attrs.get("tvm_custom", {}).get("num_outputs", 1))
+
+    def tvm_convert(self, op_type: str, inputs: list[Any]) -> Any:
+        """Convert with TVM's own converter for ``op_type``: for cases a Forge converter leaves to it."""
+        from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
+
+        convert = _get_convert_map()[op_type].get_converter(self.opset)
+        return convert(self.importer.bb, inputs, self.raw_attrs, [self.importer._nodes, self.importer._params])

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from forge_onnx.converters import activations
+from forge_onnx.converters import activations, attention, losses, normalization, shapes
 
-MODULES = (activations,)
+MODULES = (activations, attention, losses, normalization, shapes)
 
 
 def all_converters() -> dict[str, Callable[..., Any]]:
