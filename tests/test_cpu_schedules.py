@@ -149,3 +149,4 @@ def test_runtime_threads_follow_a_tags_cores(tmp_path, monkeypatch):
     monkeypatch.delenv("FORGE_NUM_THREADS", raising=False)
     monkeypatch.setattr(threads, "_chosen_by_forge", True)
     assert forge.Runtime(tmp_path / "one").num_threads == 1
+

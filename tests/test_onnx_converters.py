@@ -168,3 +168,181 @@ def test_backend_binds_value_inputs_and_compiles_per_value():
         (y,) = rep.run([x, np.array(shape, np.int64)])
         np.testing.assert_array_equal(y, x.reshape(shape))
     assert len(rep._compiled) == 2
+
+
+@pytest.mark.parametrize("interleaved", [0, 1])
+def test_rotary_embedding_3d_with_position_ids(interleaved):
+    """Also guards the Elementwise schedule: inlining its concatenate into the reshape gave wrong values."""
+    node = helper.make_node("RotaryEmbedding", ["x", "cos", "sin", "pos"], ["y"], num_heads=4,
+                            interleaved=interleaved)
+    model = helper.make_model(helper.make_graph(
+        [node], "rope",
+        [vi("x", FLOAT, [2, 3, 32]), vi("cos", FLOAT, [50, 4]), vi("sin", FLOAT, [50, 4]), vi("pos", INT64, [2, 3])],
+        [vi("y", FLOAT, [2, 3, 32])]), opset_imports=[helper.make_opsetid("", 23)], ir_version=IR_VERSION)
+    angles = RNG.random((50, 4)) * 6
+    feeds = {"x": rand(2, 3, 32), "cos": np.cos(angles).astype(np.float32), "sin": np.sin(angles).astype(np.float32),
+             "pos": np.array([[0, 5, 7], [49, 2, 3]], np.int64)}
+    check(model, feeds)
+
+
+def _one_node(op, inputs, outputs, opset=22, initializers=(), **attrs):
+    node = helper.make_node(op, [n for n, *_ in inputs] + [i.name for i in initializers],
+                            [n for n, *_ in outputs], **attrs)
+    graph = helper.make_graph([node], op.lower(), [vi(n, e, s) for n, e, s in inputs],
+                              [vi(n, e, s) for n, e, s in outputs], list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION)
+
+
+@pytest.mark.parametrize("op", ["Cosh", "Sinh"])
+def test_hyperbolic_functions(op):
+    model = _one_node(op, [("x", FLOAT, [3, 7])], [("y", FLOAT, [3, 7])])
+    check(model, {"x": rand(3, 7)})
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_lp_normalization(p):
+    model = _one_node("LpNormalization", [("x", FLOAT, [4, 6])], [("y", FLOAT, [4, 6])], opset=17, p=p, axis=1)
+    x = rand(4, 6)
+    x[2] = 0  # a zero row stays zero
+    check(model, {"x": x})
+
+
+@pytest.mark.parametrize("exclusive, reverse", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_cum_prod(exclusive, reverse):
+    axis = numpy_helper.from_array(np.array(1, np.int64), "axis")
+    model = _one_node("CumProd", [("x", FLOAT, [3, 5])], [("y", FLOAT, [3, 5])], opset=26, initializers=[axis],
+                      exclusive=exclusive, reverse=reverse)
+    x = rand(3, 5)
+    expected = np.flip(x, 1) if reverse else x
+    expected = np.cumprod(expected, axis=1)
+    if exclusive:
+        expected = np.concatenate([np.ones((3, 1), np.float32), expected[:, :-1]], axis=1)
+    expected = np.flip(expected, 1) if reverse else expected
+    (y,) = backend.prepare(model).run([x])  # onnxruntime lacks CumProd: numpy is the reference here
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["HannWindow", "HammingWindow", "BlackmanWindow"])
+@pytest.mark.parametrize("periodic", [0, 1])
+def test_window_functions(op, periodic):
+    size = numpy_helper.from_array(np.array(10, np.int64), "size")
+    model = _one_node(op, [], [("y", FLOAT, [10])], opset=17, initializers=[size], periodic=periodic)
+    check(model, {})
+
+
+def test_is_inf_directions():
+    x = np.array([1.0, np.inf, -np.inf, np.nan, 0.0], np.float32)
+    for attrs in ({}, {"detect_negative": 0}, {"detect_positive": 0}):
+        model = _one_node("IsInf", [("x", FLOAT, [5])], [("y", BOOL, [5])], opset=20, **attrs)
+        check(model, {"x": x})
+
+
+def test_pow_with_mixed_types():
+    model = _one_node("Pow", [("x", FLOAT, [4]), ("e", INT64, [4])], [("y", FLOAT, [4])], opset=15)
+    check(model, {"x": np.array([1.5, 2, 3, 0.5], np.float32), "e": np.array([2, 3, 0, 4], np.int64)})
+    model = _one_node("Pow", [("x", INT64, [3]), ("e", FLOAT, [3])], [("y", INT64, [3])], opset=15)
+    check(model, {"x": np.array([2, 3, 4], np.int64), "e": np.array([2.0, 3.0, 0.5], np.float32)})
+
+
+def test_reverse_sequence():
+    model = _one_node("ReverseSequence", [("x", FLOAT, [4, 3]), ("lens", INT64, [3])], [("y", FLOAT, [4, 3])],
+                      opset=10, time_axis=0, batch_axis=1)
+    check(model, {"x": rand(4, 3), "lens": np.array([4, 2, 1], np.int64)})
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_rms_normalization(axis):
+    model = _one_node("RMSNormalization", [("x", FLOAT, [2, 3, 4]), ("s", FLOAT, [2, 3, 4][axis:] if axis else
+                                                                            [2, 3, 4])],
+                      [("y", FLOAT, [2, 3, 4])], opset=23, axis=axis, epsilon=1e-5)
+    shape = [2, 3, 4][axis:] if axis else [2, 3, 4]
+    check(model, {"x": rand(2, 3, 4), "s": rand(*shape)})
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_layer_normalization_with_mean_and_inverse_std(axis):
+    shape = [2, 3, 4][axis:] if axis else [2, 3, 4]
+    model = _one_node("LayerNormalization", [("x", FLOAT, [2, 3, 4]), ("s", FLOAT, shape), ("b", FLOAT, shape)],
+                      [("y", FLOAT, [2, 3, 4]), ("mean", FLOAT, None), ("inv_std", FLOAT, None)], opset=17,
+                      axis=axis)
+    for out in model.graph.output[1:]:
+        out.type.tensor_type.shape.Clear()
+        for d in ([2, 3, 4][:axis % 3] + [1] * (3 - axis % 3)):
+            out.type.tensor_type.shape.dim.add().dim_value = d
+    check(model, {"x": rand(2, 3, 4), "s": rand(*shape), "b": rand(*shape)})
+
+
+def test_center_crop_pad():
+    shape = numpy_helper.from_array(np.array([5, 2], np.int64), "shape")
+    model = _one_node("CenterCropPad", [("x", FLOAT, [3, 4, 6])], [("y", FLOAT, [3, 5, 2])], opset=18,
+                      initializers=[shape], axes=[1, 2])
+    x = rand(3, 4, 6)
+    (y,) = backend.prepare(model).run([x])  # onnxruntime lacks CenterCropPad: numpy is the reference here
+    expected = np.zeros((3, 5, 2), np.float32)
+    expected[:, 0:4, :] = x[:, :, 2:4]
+    np.testing.assert_array_equal(y, expected)
+
+
+@pytest.mark.parametrize("policy", ["not_larger", "not_smaller"])
+def test_resize_with_axes_and_aspect_ratio_policy(policy):
+    sizes = numpy_helper.from_array(np.array([8, 9], np.int64), "sizes")  # common scale 1.5 or 2: whole sizes
+    node_inputs = [("x", FLOAT, [1, 2, 4, 6])]
+    model = _one_node("Resize", node_inputs, [("y", FLOAT, ["a", "b", "c", "d"])], opset=19,
+                      initializers=[sizes], mode="nearest", axes=[2, 3], keep_aspect_ratio_policy=policy)
+    model.graph.node[0].input[:] = ["x", "", "", "sizes"]
+    check(model, {"x": rand(1, 2, 4, 6)})
+
+
+def test_resize_with_a_policy_tvm_cannot_express_is_refused():
+    sizes = numpy_helper.from_array(np.array([7, 5], np.int64), "sizes")
+    model = _one_node("Resize", [("x", FLOAT, [1, 2, 4, 6])], [("y", FLOAT, ["a", "b", "c", "d"])], opset=19,
+                      initializers=[sizes], mode="nearest", axes=[2, 3], keep_aspect_ratio_policy="not_larger")
+    model.graph.node[0].input[:] = ["x", "", "", "sizes"]
+    with pytest.raises(forge.OperatorConversionError, match="cannot express"):
+        forge.from_onnx(model)
+
+
+def test_qlinear_matmul():
+    tensors = {
+        "a_scale": np.array(0.05, np.float32), "a_zp": np.array(120, np.uint8),
+        "b_scale": np.array([0.02, 0.03, 0.04], np.float32), "b_zp": np.array([128, 100, 90], np.uint8),
+        "y_scale": np.array(0.1, np.float32), "y_zp": np.array(125, np.uint8),
+    }
+    inits = [numpy_helper.from_array(v, k) for k, v in tensors.items()]
+    node = helper.make_node("QLinearMatMul", ["a", "a_scale", "a_zp", "b", "b_scale", "b_zp", "y_scale", "y_zp"],
+                            ["y"])
+    graph = helper.make_graph([node], "q", [vi("a", TensorProto.UINT8, [4, 5]), vi("b", TensorProto.UINT8, [5, 3])],
+                              [vi("y", TensorProto.UINT8, [4, 3])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=IR_VERSION)
+    check(model, {"a": RNG.integers(0, 255, (4, 5)).astype(np.uint8),
+                  "b": RNG.integers(0, 255, (5, 3)).astype(np.uint8)}, rtol=0, atol=0)
+
+
+def _recurrent_model(op, gates, direction, hidden=3, seq=4, batch=2, features=5, **attrs):
+    dirs = 2 if direction == "bidirectional" else 1
+    tensors = {"W": rand(dirs, gates * hidden, features) * 0.5, "R": rand(dirs, gates * hidden, hidden) * 0.5,
+               "B": rand(dirs, 2 * gates * hidden) * 0.1}
+    names = ["X", "W", "R", "B", "", "h0"]
+    inputs = [vi("X", FLOAT, [seq, batch, features]), vi("h0", FLOAT, [dirs, batch, hidden])]
+    feeds = {"X": rand(seq, batch, features), "h0": rand(dirs, batch, hidden)}
+    if op == "LSTM":
+        names.append("c0")
+        inputs.append(vi("c0", FLOAT, [dirs, batch, hidden]))
+        feeds["c0"] = rand(dirs, batch, hidden)
+    outputs = [vi("Y", FLOAT, [seq, dirs, batch, hidden]), vi("Y_h", FLOAT, [dirs, batch, hidden])]
+    if op == "LSTM":
+        outputs.append(vi("Y_c", FLOAT, [dirs, batch, hidden]))
+    node = helper.make_node(op, names, [o.name for o in outputs], hidden_size=hidden, direction=direction, **attrs)
+    inits = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in tensors.items()]
+    model = helper.make_model(helper.make_graph([node], op.lower(), inputs, outputs, inits),
+                              opset_imports=[helper.make_opsetid("", 14)], ir_version=IR_VERSION)
+    return model, feeds
+
+
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("op, gates, attrs", [
+    ("RNN", 1, {}), ("GRU", 3, {}), ("GRU", 3, {"linear_before_reset": 1}), ("LSTM", 4, {}),
+])
+def test_recurrent_operators(op, gates, attrs, direction):
+    model, feeds = _recurrent_model(op, gates, direction, **attrs)
+    check(model, feeds, rtol=1e-5, atol=1e-6)

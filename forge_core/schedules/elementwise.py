@@ -14,6 +14,16 @@ def _lanes(sch: s_tir.Schedule, target) -> int:
     return vector_unit(target).lanes(str(sch.get(last).writes[0].source.dtype))
 
 
+def _selects(sch: s_tir.Schedule, block: s_tir.SBlockRV) -> bool:
+    """Whether the block chooses between sources (concatenate, pad: ``if_then_else``).
+
+    TVM 0.27's compute_inline of such a block into an index-remapping consumer
+    (a reshape after a concatenate) was seen to produce wrong values, so these
+    blocks stay stages of their own: they are copies, cheap to materialize.
+    """
+    return "if_then_else" in sch.get(block).body.script()
+
+
 class Elementwise(dlight.ScheduleRule):
     """Every block spatial: inline all but the last, then parallel and vectorized."""
 
@@ -25,6 +35,8 @@ class Elementwise(dlight.ScheduleRule):
         if not all_blocks or any(set(iter_kinds(sch, b)) - {"S"} for b in all_blocks):
             return None
         for block in all_blocks[:-1]:
+            if _selects(sch, block):
+                continue  # see _selects
             try:
                 sch.compute_inline(block)
             except Exception:  # noqa: BLE001 - a block that cannot be inlined stays a stage of its own

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import tvm
 from tvm import relax
 
@@ -37,6 +38,17 @@ def _constant_args(bb: relax.BlockBuilder, expr: relax.Expr, depth: int = 0) -> 
             return None
         return relax.Call(expr.op, args, expr.attrs, expr.ty_args)
     return None
+
+
+def static_shape_constant(shape: relax.ShapeExpr) -> relax.Expr:
+    """A static shape value as an int64 constant tensor (which every operator takes); else unchanged.
+
+    TVM's converters turn shape arithmetic on constants into shape values, which
+    only a few operators accept ("cannot handle ShapeExpr inputs").
+    """
+    if not all(isinstance(v, tvm.tirx.IntImm) for v in shape.values):
+        return shape
+    return relax.const(np.array([int(v.value) for v in shape.values], dtype=np.int64), "int64")
 
 
 def fold_if_constant(bb: relax.BlockBuilder, expr: relax.Expr) -> relax.Expr:

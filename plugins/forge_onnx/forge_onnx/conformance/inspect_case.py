@@ -44,8 +44,10 @@ def main() -> None:
             traceback.print_exc()
             return
         for got, want in zip(outputs, expected):
+            want = np.asarray(want)
+            same = got.shape == want.shape and np.allclose(got, want, rtol=1e-3, atol=1e-7, equal_nan=True)
             print("got ", got.dtype, got.shape, np.ravel(got)[:8])
-            print("want", np.asarray(want).dtype, np.shape(want), np.ravel(want)[:8])
+            print("want", want.dtype, want.shape, np.ravel(want)[:8], "MATCH" if same else "MISMATCH")
 
 
 if __name__ == "__main__":

@@ -32,9 +32,13 @@ class ConverterContext:
         """How many outputs the node has."""
         return int(self.raw_attrs.get("tvm_custom", {}).get("num_outputs", 1))
 
-    def tvm_convert(self, op_type: str, inputs: list[Any]) -> Any:
-        """Convert with TVM's own converter for ``op_type``: for cases a Forge converter leaves to it."""
+    def tvm_convert(self, op_type: str, inputs: list[Any], attrs: dict[str, Any] | None = None) -> Any:
+        """Convert with TVM's own converter for ``op_type``: for cases a Forge converter leaves to it.
+
+        ``attrs`` replaces the node's attributes (TVM's bookkeeping entries are kept).
+        """
         from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
         convert = _get_convert_map()[op_type].get_converter(self.opset)
-        return convert(self.importer.bb, inputs, self.raw_attrs, [self.importer._nodes, self.importer._params])
+        given = self.raw_attrs if attrs is None else {**attrs, "tvm_custom": self.raw_attrs.get("tvm_custom", {})}
+        return convert(self.importer.bb, inputs, given, [self.importer._nodes, self.importer._params])

@@ -53,6 +53,14 @@ def attention(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
     nonpad = inputs[6] if len(inputs) > 6 else None
     if any(static_shape(t) is None for t in (q, k, v)):
         raise ValueError("Attention needs static Q, K and V shapes")
+    io_dtype = str(q.ty.dtype)
+    if io_dtype in ("float16", "bfloat16"):
+        # Compute in float32, as the reference does through numpy, and round once at the end.
+        q, k, v = (bb.emit(relax.op.astype(t, "float32")) for t in (q, k, v))
+        past_key, past_value = ((bb.emit(relax.op.astype(t, "float32")) if t is not None else None)
+                                for t in (past_key, past_value))
+        if mask is not None and str(mask.ty.dtype) != "bool":
+            mask = bb.emit(relax.op.astype(mask, "float32"))
     dtype = str(q.ty.dtype)
     rank = len(static_shape(q))
     if rank == 3:
@@ -91,9 +99,28 @@ def attention(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
                 mask = bb.emit(relax.op.concat(
                     [mask, _const(np.full(mask_shape[:-1] + [pad], -np.inf), dtype)], axis=-1))
             bias = mask
-    if causal or left >= 0 or right >= 0:
+    if (causal or left >= 0 or right >= 0) and nonpad is None:
         allowed = _window_mask(q_len, kv_len, past_len, causal, left, right)
         frontier = _const(np.where(allowed, 0, -np.inf), dtype)
+        bias = frontier if bias is None else bb.emit(relax.op.add(bias, frontier))
+    elif causal or left >= 0 or right >= 0:
+        # External cache: the frontier of batch b sits at nonpad_kv_seqlen[b] - q_len.
+        offset = bb.emit(relax.op.subtract(relax.op.reshape(relax.op.astype(nonpad, "int64"), [batch, 1, 1, 1]),
+                                           _const(q_len, "int64")))
+        position = bb.emit(relax.op.add(_const(np.arange(q_len).reshape(1, 1, q_len, 1), "int64"), offset))
+        key = _const(np.arange(kv_len).reshape(1, 1, 1, kv_len), "int64")
+        distance = bb.emit(relax.op.subtract(position, key))  # p - j
+        allowed = None
+        conditions = []
+        if causal:
+            conditions.append(relax.op.greater_equal(distance, _const(0, "int64")))
+        if left >= 0:
+            conditions.append(relax.op.less_equal(distance, _const(left, "int64")))
+        if right >= 0:
+            conditions.append(relax.op.less_equal(relax.op.negative(distance), _const(right, "int64")))
+        for condition in conditions:
+            allowed = condition if allowed is None else relax.op.logical_and(allowed, condition)
+        frontier = bb.emit(relax.op.where(allowed, _const(0, dtype), _const(-np.inf, dtype)))
         bias = frontier if bias is None else bb.emit(relax.op.add(bias, frontier))
     if nonpad is not None:
         positions = _const(np.arange(kv_len).reshape(1, 1, 1, kv_len), "int64")
@@ -124,19 +151,66 @@ def attention(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
         logits = bb.emit(relax.op.astype(logits, str(onnx.helper.tensor_dtype_to_np_dtype(int(precision)))))
     probabilities = bb.emit(relax.op.nn.softmax(logits, axis=-1))
     if bias is not None:
-        fully_masked = bb.emit(relax.op.equal(relax.op.max(bias, axis=-1, keepdims=True),
-                                              _const(-np.inf, dtype)))
+        # A row whose every key is masked (TVM's max starts from the lowest finite value, so count instead).
+        open_keys = bb.emit(relax.op.astype(relax.op.not_equal(bias, _const(-np.inf, dtype)), "int32"))
+        fully_masked = bb.emit(relax.op.equal(relax.op.max(open_keys, axis=-1, keepdims=True), _const(0, "int32")))
         probabilities = bb.emit(relax.op.where(fully_masked, _const(0, str(probabilities.ty.dtype)),
                                                probabilities))
     if mode == 3:
         qk_output = probabilities
     probabilities = bb.emit(relax.op.astype(probabilities, dtype))
-    qk_output = bb.emit(relax.op.astype(qk_output, dtype))
+    qk_output = bb.emit(relax.op.astype(qk_output, io_dtype))
     output = bb.emit(relax.op.matmul(probabilities, v))
     if rank == 3:
         output = bb.emit(relax.op.permute_dims(output, [0, 2, 1, 3]))
         output = bb.emit(relax.op.reshape(output, [batch, q_len, q_heads * static_shape(v)[3]]))
+    if io_dtype != dtype:
+        output, present_key, present_value = (bb.emit(relax.op.astype(t, io_dtype))
+                                              for t in (output, present_key, present_value))
     return relax.Tuple([output, present_key, present_value, qk_output])
 
 
-CONVERTERS = {"Attention": attention}
+def rotary_embedding(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
+                     context: ConverterContext) -> relax.Expr:
+    """RotaryEmbedding (opset 23): rotate (halves or interleaved pairs of) each head by the cos/sin caches."""
+    x, cos_cache, sin_cache = inputs[0], inputs[1], inputs[2]
+    position_ids = inputs[3] if len(inputs) > 3 else None
+    shape = static_shape(x)
+    if shape is None:
+        raise ValueError("RotaryEmbedding needs a static input shape")
+    if len(shape) == 4:
+        x = bb.emit(relax.op.permute_dims(x, [0, 2, 1, 3]))  # [batch, seq, heads, head]
+    else:
+        heads = int(attrs["num_heads"])
+        x = bb.emit(relax.op.reshape(x, [shape[0], shape[1], heads, shape[2] // heads]))
+    batch, seq, heads, head = static_shape(x)
+    rotary = int(attrs.get("rotary_embedding_dim", 0)) or head
+    interleaved = bool(attrs.get("interleaved", 0))
+    if position_ids is not None:
+        cos_cache = bb.emit(relax.op.take(cos_cache, position_ids, axis=0))
+        sin_cache = bb.emit(relax.op.take(sin_cache, position_ids, axis=0))
+    cos = bb.emit(relax.op.expand_dims(cos_cache, 2))  # [batch, seq, 1, rotary/2]
+    sin = bb.emit(relax.op.expand_dims(sin_cache, 2))
+    rotate = bb.emit(relax.op.strided_slice(x, axes=[3], begin=[0], end=[rotary]))
+    if interleaved:
+        x1 = bb.emit(relax.op.strided_slice(rotate, axes=[3], begin=[0], end=[rotary], strides=[2]))
+        x2 = bb.emit(relax.op.strided_slice(rotate, axes=[3], begin=[1], end=[rotary], strides=[2]))
+    else:
+        halves = bb.emit(relax.op.split(rotate, 2, axis=-1))
+        x1, x2 = bb.emit(relax.TupleGetItem(halves, 0)), bb.emit(relax.TupleGetItem(halves, 1))
+    real = bb.emit(relax.op.subtract(relax.op.multiply(cos, x1), relax.op.multiply(sin, x2)))
+    imag = bb.emit(relax.op.add(relax.op.multiply(sin, x1), relax.op.multiply(cos, x2)))
+    if interleaved:
+        pairs = bb.emit(relax.op.stack([real, imag], axis=-1))
+        rotated = bb.emit(relax.op.reshape(pairs, [batch, seq, heads, rotary]))
+    else:
+        rotated = bb.emit(relax.op.concat([real, imag], axis=-1))
+    if rotary < head:
+        rest = bb.emit(relax.op.strided_slice(x, axes=[3], begin=[rotary], end=[head]))
+        rotated = bb.emit(relax.op.concat([rotated, rest], axis=-1))
+    if len(shape) == 4:
+        return relax.op.permute_dims(rotated, [0, 2, 1, 3])
+    return relax.op.reshape(rotated, shape)
+
+
+CONVERTERS = {"Attention": attention, "RotaryEmbedding": rotary_embedding}

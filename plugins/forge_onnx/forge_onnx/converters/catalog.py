@@ -5,9 +5,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from forge_onnx.converters import activations, attention, losses, normalization, shapes
+from forge_onnx.converters import (
+    activations,
+    attention,
+    elementwise,
+    losses,
+    normalization,
+    quantized,
+    recurrent,
+    reductions,
+    resize,
+    shapes,
+)
 
-MODULES = (activations, attention, losses, normalization, shapes)
+MODULES = (
+    activations, attention, elementwise, losses, normalization, quantized, recurrent, reductions, resize, shapes,
+)
 
 
 def all_converters() -> dict[str, Callable[..., Any]]:

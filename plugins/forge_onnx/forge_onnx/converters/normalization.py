@@ -41,4 +41,22 @@ def layer_normalization(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[s
     return relax.Tuple([y, mean, inv_std])
 
 
-CONVERTERS = {"LayerNormalization": layer_normalization}
+def rms_normalization(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
+                      context: ConverterContext) -> relax.Expr:
+    """RMSNormalization: x / sqrt(mean(x^2 over dims axis..end) + epsilon) * scale."""
+    x, scale = inputs[0], inputs[1]
+    rank = x.ty.ndim
+    axes = list(range(int(attrs.get("axis", -1)) % rank, rank))
+    epsilon = float(attrs.get("epsilon", 1e-5))
+    dtype = str(x.ty.dtype)
+    compute = str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(attrs.get("stash_type", onnx.TensorProto.FLOAT)))))
+    xs = bb.emit(relax.op.astype(x, compute)) if compute != dtype else x
+    mean_square = bb.emit(relax.op.mean(relax.op.multiply(xs, xs), axis=axes, keepdims=True))
+    normalized = bb.emit(relax.op.multiply(xs, relax.op.rsqrt(relax.op.add(mean_square,
+                                                                             relax.const(epsilon, compute)))))
+    if compute != dtype:
+        normalized = bb.emit(relax.op.astype(normalized, dtype))
+    return relax.op.multiply(normalized, scale)
+
+
+CONVERTERS = {"LayerNormalization": layer_normalization, "RMSNormalization": rms_normalization}

@@ -88,3 +88,34 @@ def constant(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
 
 
 CONVERTERS = {"Shape": shape, "Size": size, "Constant": constant}
+
+
+def center_crop_pad(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
+                    context: ConverterContext) -> relax.Expr:
+    """CenterCropPad to a constant shape: crop centered (extra on the end), pad with zeros centered."""
+    x, target = inputs[0], inputs[1]
+    dims = static_shape(x)
+    if dims is None or not hasattr(target, "value"):
+        raise ValueError("CenterCropPad needs a static input shape and a constant target shape")
+    sizes = [int(v) for v in np.asarray(target.value.numpy()).reshape(-1)]
+    rank = len(dims)
+    axes = [int(a) % rank for a in attrs.get("axes", range(rank))]
+    begin, end, pads = [], [], [0] * (2 * rank)
+    for axis, size in zip(axes, sizes):
+        current = dims[axis]
+        if size < current:
+            start = (current - size) // 2
+            begin.append(start)
+            end.append(start + size)
+        else:
+            begin.append(0)
+            end.append(current)
+            before = (size - current) // 2
+            pads[2 * axis], pads[2 * axis + 1] = before, size - current - before
+    cropped = bb.emit(relax.op.strided_slice(x, axes=axes, begin=begin, end=end))
+    if any(pads):
+        return relax.op.nn.pad(cropped, pads, pad_value=0.0)
+    return cropped
+
+
+CONVERTERS["CenterCropPad"] = center_crop_pad

@@ -1,0 +1,36 @@
+"""ONNX's backend test suite through Forge: every case on the checked-in passing list must still pass.
+
+The list (plugins/forge_onnx/forge_onnx/conformance/passing_cases.txt) only
+grows: a listed case that fails is a regression; a case that newly passes is
+reported (a warning and the test log) so that the list gets updated with
+``python -m forge_onnx.conformance --backends forge --write-passing``.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from forge_onnx.conformance import PASSING_LIST
+from forge_onnx.conformance.__main__ import read_passing
+from forge_onnx.conformance.cases import all_cases
+from forge_onnx.conformance.runner import run_cases
+
+
+def test_the_passing_list_exists_and_is_substantial():
+    assert PASSING_LIST.is_file()
+    assert len(read_passing()) > 1000
+
+
+def test_the_whole_suite_keeps_every_listed_case_passing():
+    cases = all_cases()
+    listed = read_passing()
+    assert listed <= set(cases), sorted(listed - set(cases))[:10]
+    results = run_cases("forge", sorted(cases), jobs=2)
+    passing = {case for case, result in results.items() if result.status == "pass"}
+    newly = sorted(passing - listed)
+    if newly:
+        message = f"{len(newly)} suite cases pass that the list lacks; add them: {', '.join(newly[:30])}"
+        print(message)
+        warnings.warn(message, stacklevel=1)
+    regressed = {case: f"{results[case].status}: {results[case].error}" for case in sorted(listed - passing)}
+    assert not regressed, regressed
