@@ -142,9 +142,11 @@ def test_password_comes_from_the_environment_never_the_command_line(model_path, 
 
 def test_a_third_party_tag_plugin_installed_with_pip(model_path, tmp_path):
     site = tmp_path / "site"
+    source = tmp_path / "forge_acme_tags"  # pip builds in place: keep the checkout clean
+    shutil.copytree(FIXTURES / "forge_acme_tags", source)
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--target",
-         str(site), str(FIXTURES / "forge_acme_tags")],
+         str(site), str(source)],
         check=True, capture_output=True, text=True, timeout=300,
     )
     env = {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
