@@ -123,10 +123,13 @@ def run_case(case: Case, work: Path, tune_minutes: float) -> list[Entry]:
     compile_s = time.perf_counter() - started
     entries.append(forge_entry("forge untuned", ir, compile_s, None))
     if tune_minutes > 0:
-        started = time.perf_counter()
-        report = ir.tune(work_dir=work / f"{case.name}_db", trials=100_000, time_budget=tune_minutes * 60)
-        tuning_s = time.perf_counter() - started
-        print(report.summary())
+        # Tune in a process of its own: MetaSchedule's worker processes must not outlive it into the timings.
+        database = work / f"{case.name}_db"
+        done = subprocess.run([sys.executable, str(Path(__file__)), "--tune-worker", case.name, str(database),
+                               str(tune_minutes)], check=True, capture_output=True, text=True)
+        print(done.stdout)
+        tuning_s = json.loads(done.stdout.strip().splitlines()[-1])["tuning_s"]
+        ir.tuning_database = database
         entries.append(forge_entry("forge tuned", ir, compile_s, tuning_s))
     if case.torch_path is not None:
         result = _worker("torch", case.torch_path, inputs_path)
@@ -149,7 +152,20 @@ def print_table(entries: list[Entry]) -> None:
     Console(width=160).print(table)
 
 
+def tune_worker(name: str, database: str, minutes: float) -> int:
+    with tempfile.TemporaryDirectory(prefix="forge-bench-tune-") as tmp:
+        (case,) = build_cases([name], Path(tmp))
+        ir = case.load()
+        started = time.perf_counter()
+        report = ir.tune(work_dir=database, trials=100_000, time_budget=minutes * 60, progress=False)
+        print(report.summary())
+        print(json.dumps({"tuning_s": time.perf_counter() - started}))
+    return 0
+
+
 def main() -> int:
+    if len(sys.argv) == 5 and sys.argv[1] == "--tune-worker":
+        return tune_worker(sys.argv[2], sys.argv[3], float(sys.argv[4]))
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="resnet50,mobilenetv2,bert6")
     parser.add_argument("--tune-minutes", type=float, default=0.0, help="tuning budget per model (0: skip)")

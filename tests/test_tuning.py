@@ -70,6 +70,16 @@ def test_time_budget_and_argument_errors(tmp_path):
         ir.compile(output_path=tmp_path / "out")
 
 
+def test_a_missing_search_package_names_the_extra(tmp_path, monkeypatch):
+    from forge_core.tuning import session
+
+    monkeypatch.setattr(session, "_SEARCH_PACKAGES", ("psutil", "forge_no_such_package"))
+    ir = forge.from_onnx(conv_bn_net(seed=2))
+    with pytest.raises(forge.ForgeError, match=r"forge_no_such_package .*pip install 'forge-core\[tune\]'"):
+        ir.tune(work_dir=tmp_path / "a", progress=False)
+    assert not (tmp_path / "a").exists()
+
+
 def test_forge_tune_command(tmp_path):
     path = tmp_path / "m.onnx"
     onnx.save(conv_bn_net(seed=5), str(path))

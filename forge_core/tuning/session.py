@@ -7,6 +7,7 @@ slower than what compiling without tuning gives.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import time
@@ -79,9 +80,18 @@ class TuningReport:
         return "\n".join(line for line in lines if line)
 
 
+class _BudgetReached(Exception):
+    """Raised inside MetaSchedule's loop to end it when the time budget is spent."""
+
+
 @derived_object
 class _BudgetAndProgress(ms.measure_callback.PyMeasureCallback):
-    """Counts trials for the progress bar and stops every task when the time budget is spent."""
+    """Counts trials for the progress bar and ends tuning when the time budget is spent.
+
+    Runs after MetaSchedule's own callbacks, so the batch just measured is in
+    the database when the exception ends the loop. (Terminating tasks from
+    here instead trips a check in TVM's task scheduler.)
+    """
 
     def __init__(self, deadline: float | None, total: int, progress: Progress | None) -> None:
         super().__init__()
@@ -96,13 +106,9 @@ class _BudgetAndProgress(ms.measure_callback.PyMeasureCallback):
         self.trials += len(runner_results)
         if self.progress is not None:
             self.progress(self.trials, self.total, f"task {task_id}")
-        if self.deadline is not None and time.monotonic() > self.deadline and not self.stopped:
+        if self.deadline is not None and time.monotonic() > self.deadline:
             self.stopped = True
-            for index in range(len(task_scheduler.tasks_)):
-                try:
-                    task_scheduler.terminate_task(index)
-                except Exception:  # noqa: BLE001 - already finished
-                    pass
+            raise _BudgetReached(f"forge: tuning time budget reached after {self.trials} trials")
 
 
 def _run_secs(result: Any) -> float | None:
@@ -149,6 +155,21 @@ def _seed_defaults(tasks: list[Any], target: tvm.target.Target, database: Any, b
     return measured
 
 
+# Packages MetaSchedule's search imports without TVM declaring them: the extra ``tune``
+_SEARCH_PACKAGES = ("psutil", "xgboost", "cloudpickle", "tornado")
+
+
+def _require_search_packages() -> None:
+    """Fail before any work when a package of the search is missing, naming the extra to install."""
+    import importlib.util
+
+    missing = [name for name in _SEARCH_PACKAGES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ForgeError(
+            f"Tuning needs {', '.join(missing)} (MetaSchedule's search): pip install 'forge-core[tune]'"
+        )
+
+
 def tune_module(
     ir: IRModule,
     target: Any = "llvm",
@@ -164,6 +185,7 @@ def tune_module(
         raise ValueError(f"trials must be a non-negative integer, given {trials!r}")
     if time_budget is not None and time_budget <= 0:
         raise ValueError(f"time_budget must be a positive number of seconds, given {time_budget!r}")
+    _require_search_packages()
     tvm_target = resolve_target(target)
     if tvm_target.kind.name != "llvm":
         raise ForgeError(f"Forge tunes CPU (llvm) targets; {tvm_target.kind.name} is not supported")
@@ -181,8 +203,7 @@ def tune_module(
     logger.info("%d tunable tasks", len(extracted))
 
     builder = ms.builder.LocalBuilder(f_build=build_candidate)
-    runner = ms.runner.LocalRunner(evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1,
-                                                                               min_repeat_ms=20))
+    runner = ms.runner.LocalRunner(evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20))
     if progress is not None:
         progress(0, trials, "measuring the default schedules")
     defaults = _seed_defaults(extracted, tvm_target, database, builder, runner)
@@ -201,15 +222,21 @@ def tune_module(
                 work_dir=str(directory / "logs"),
                 max_trials_global=trials,
                 max_trials_per_task=trials_per_task,
-                num_trials_per_iter=min(64, max(1, trials)),
+                num_trials_per_iter=min(32, max(1, trials)),  # a small batch: the budget is checked per batch
                 builder=builder,
                 runner=runner,
                 database=database,
                 measure_callbacks=[*ms.MeasureCallback.create("default"), callback],
             )
+        except Exception:  # the budget's exception arrives wrapped by TVM's FFI
+            if not callback.stopped:
+                raise
+            logger.info("time budget reached after %d trials", callback.trials)
         finally:
             ms_logger.setLevel(level)
 
+    del builder, runner  # their worker processes would otherwise compete with what runs next
+    gc.collect()
     results = []
     for task in extracted:
         workload_mod = task.dispatched[0]

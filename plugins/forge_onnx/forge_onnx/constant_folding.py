@@ -51,6 +51,18 @@ def static_shape_constant(shape: relax.ShapeExpr) -> relax.Expr:
     return relax.const(np.array([int(v.value) for v in shape.values], dtype=np.int64), "int64")
 
 
+def scalar_float_constant(value: tvm.tirx.FloatImm, inputs: list) -> relax.Expr:
+    """A float scalar that TVM computed from shape values, as a 0-d constant tensor.
+
+    TVM evaluates shape arithmetic (Shape -> Gather -> Cast -> Sqrt) to scalar
+    values, which binary operators reject beside tensors; and its Pow gives such
+    a value in float64 whatever the base's type. The constant takes the type of
+    the base (the first float scalar input) when there is one.
+    """
+    dtype = next((str(i.ty.dtype) for i in inputs if isinstance(i, tvm.tirx.FloatImm)), str(value.ty.dtype))
+    return relax.const(np.array(value.value, dtype=dtype), dtype)
+
+
 def fold_if_constant(bb: relax.BlockBuilder, expr: relax.Expr) -> relax.Expr:
     """A constant equal to ``expr`` when it depends on constants only; else ``expr`` unchanged."""
     ty = getattr(expr, "ty", None)

@@ -25,7 +25,7 @@ from forge_core.ir.naming import with_output_names
 from forge_core.ir.weights import lift_weights
 from forge_core.plugin_manager import get_plugin_manager
 from forge_onnx import graph_rewrites
-from forge_onnx.constant_folding import fold_if_constant, static_shape_constant
+from forge_onnx.constant_folding import fold_if_constant, scalar_float_constant, static_shape_constant
 from forge_onnx.converters import ConverterContext
 from forge_onnx.model_file import read_model
 from forge_onnx.operator_support import check_operators, iter_nodes
@@ -62,10 +62,14 @@ class _ForgeImporter(ONNXGraphImporter):
                 plain = {k: v for k, v in attrs.items() if k != "tvm_custom"}
                 context = ConverterContext(opset, node, domain, self, attrs)
                 result = converter.convert(self.bb, list(inputs), plain, context)
+                if isinstance(result, relax.Expr):
+                    result = self.bb.normalize(result)  # as TVM does for its own converters
             else:
                 result = super()._convert_operator(op_name, inputs, attrs, opset)
             if isinstance(result, relax.ShapeExpr):
                 return static_shape_constant(result)
+            if isinstance(result, tvm.tirx.FloatImm):
+                return scalar_float_constant(result, list(inputs))
             if isinstance(result, relax.Expr) and not isinstance(result, relax.Tuple) and inputs and all(
                     i is None or isinstance(i, (tvm.ir.GenericConst, relax.ShapeExpr)) for i in inputs):
                 result = fold_if_constant(self.bb, self.bb.normalize(result))
