@@ -46,6 +46,7 @@ TRACE_ENV = "FORGE_TRACE_HOOKS"
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "forge_core.builtin.folding_passes",
     "forge_core.builtin.fast_math",
+    "forge_core.builtin.inference_rewrites",
     "forge_core.builtin.cpu_schedules",
     "forge_core.builtin.target_tags",
     "forge_core.builtin.exporters",

@@ -92,6 +92,39 @@ def test_a_whole_network_uses_the_specialised_rules(tmp_path, caplog):
     assert counts["Conv2dNCHW"] >= 2 and counts["Matmul"] == 1
 
 
+def test_inference_dropout_leaves_the_classifier_to_the_matmul_rule(tmp_path, caplog):
+    # AlexNet/VGG-style classifier: Gemm -> Relu -> Dropout -> Gemm (ONNX Dropout outside training).
+    w0, w1 = RNG.standard_normal((64, 256)), RNG.standard_normal((10, 64))
+    nodes = [
+        helper.make_node("Gemm", ["x", "w0"], ["h"], name="fc6", transB=1),
+        helper.make_node("Relu", ["h"], ["r"], name="relu6"),
+        helper.make_node("Dropout", ["r"], ["d"], name="drop6", ratio=0.5),
+        helper.make_node("Gemm", ["d", "w1"], ["y"], name="fc7", transB=1),
+    ]
+    inits = [numpy_helper.from_array(w.astype(np.float32), f"w{i}") for i, w in enumerate((w0, w1))]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 256])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], inits, opset=11)
+    counts = compile_and_compare(model, tmp_path, caplog)
+    assert counts == {"Matmul": 2}, counts
+
+
+def test_remove_dropout_keeps_a_dropout_whose_mask_is_used():
+    from tvm import relax
+
+    from forge_core.passes import PassContext, run_passes
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 8), "float32"))
+    with bb.function("main", [x]):
+        kept = bb.emit(relax.op.nn.dropout(x, 0.5))
+        dropped = bb.emit(relax.op.nn.dropout(x, 0.5))
+        out = bb.emit(relax.Tuple([bb.emit(relax.TupleGetItem(kept, 1)), bb.emit(relax.TupleGetItem(dropped, 0))]))
+        bb.emit_func_output(out)
+    mod = run_passes(bb.get(), ["remove_dropout"], PassContext(options={}))
+    assert str(mod).count("R.nn.dropout") == 1
+    assert forge.IRModule(mod).operators.get("nn.dropout") == 1
+
+
 def test_an_operator_no_rule_covers_still_compiles_and_is_reported(tmp_path, caplog):
     # TopK: a sort, which no specialised rule takes.
     nodes = [helper.make_node("TopK", ["x", "k"], ["y", "idx"], name="topk", axis=-1)]

@@ -1,8 +1,9 @@
 """The passes ``compile()`` runs: graph preparation, then TVM's build by target.
 
 Graph preparation (Forge):
-    bind ``params`` as constants; ``opt_level >= 3``: decompose inference ops
-    (batch norm, layer norm...) and canonicalize bindings; channel layout
+    bind ``params`` as constants; ``opt_level >= 3``: the ``remove_dropout``
+    pass, decompose inference ops (batch norm, layer norm...) and canonicalize
+    bindings; channel layout
     conversion; float16 conversion; ``opt_level >= 2``: constant folding,
     common-subexpression and dead-code elimination; ``opt_level >= 3``: the
     ``fast_math`` pass (vectorizable exp/erf/tanh, a few ulps); ``opt_level 4``:
@@ -36,6 +37,7 @@ def prepare_graph(mod: tvm.IRModule, options: CompileOptions) -> tvm.IRModule:
     """Forge's graph-level transforms, ``params`` already bound."""
     passes: list[tvm.transform.Pass] = []
     if options.opt_level >= 3:
+        mod = run_passes(mod, ["remove_dropout"], PassContext(options={"opt_level": options.opt_level}))
         passes += [relax.transform.DecomposeOpsForInference(), relax.transform.CanonicalizeBindings()]
     if options.set_channel_layout is not None:
         data_layout, kernel_layout = CHANNEL_LAYOUTS[options.set_channel_layout]

@@ -365,8 +365,10 @@ class IRModule:
                 ones below. 0: lower every operator on its own. 1: operator
                 fusion. 2: compile-time constant folding, common-subexpression
                 and dead-code elimination. 3 (default): inference
-                simplifications. 4: fast-math approximations of exp, tanh and
-                erf, and LLVM fast-math flags; results may change in the last bits.
+                simplifications (dropout removed, batch and layer norms
+                decomposed) and vectorizable approximations of exp, erf, tanh
+                and softmax (a few ulps). 4: LLVM fast-math flags; results may
+                change in the last bits.
             set_float16: If True, converts float32 operators to float16 where
                 the operator permits, accumulating in float32; inputs and
                 outputs stay float32. Default is False.
