@@ -9,9 +9,11 @@ Models, batch 1, threads = cores:
 
 Every engine is timed in a process of its own (benchmarks/timing_worker.py):
 Forge's artifact through the light runtime, onnxruntime on the same ONNX
-graph, torch eager on the torch model. Forge untuned is the default
-compile(); Forge tuned adds ``IRModule.tune`` within ``--tune-minutes`` per
-model. Prints a table and writes benchmarks/results/cpu_latency.json.
+graph, torch eager on the torch model, in ``--rounds`` interleaved rounds
+(figures: medians over rounds; the ratio range shows the spread). Forge
+untuned is the default compile(); Forge tuned adds ``IRModule.tune`` within
+``--tune-minutes`` per model, its database kept in ``--db-dir`` and reused by
+later runs. Prints a table and writes benchmarks/results/cpu_latency.json.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class Entry:
     tuning_s: float | None = None
     max_abs_error_vs_onnxruntime: float | None = None
     threads: int | None = None
+    ratio_range: tuple[float, float] | None = None
 
 
 @dataclass
@@ -100,41 +103,69 @@ def build_cases(names: list[str], work: Path) -> list[Case]:
     return cases
 
 
-def run_case(case: Case, work: Path, tune_minutes: float) -> list[Entry]:
+def _tuned_database(case: Case, db_dir: Path, minutes: float) -> tuple[Path, float]:
+    """The case's tuning database in ``db_dir``: reused when a previous run left one, else tuned now."""
+    database = db_dir / f"{case.name}_db"
+    record = db_dir / f"{case.name}_tuning.json"
+    if record.exists() and database.exists():
+        tuning_s = json.loads(record.read_text())["tuning_s"]
+        print(f"{case.name}: reusing the tuning database {database} ({tuning_s:.0f} s of tuning)")
+        return database, tuning_s
+    # Tune in a process of its own: MetaSchedule's worker processes must not outlive it into the timings.
+    done = subprocess.run([sys.executable, str(Path(__file__)), "--tune-worker", case.name, str(database),
+                           str(minutes)], check=True, capture_output=True, text=True)
+    print(done.stdout)
+    tuning_s = json.loads(done.stdout.strip().splitlines()[-1])["tuning_s"]
+    record.write_text(json.dumps({"tuning_s": tuning_s, "minutes": minutes}) + "\n")
+    return database, tuning_s
+
+
+def run_case(case: Case, work: Path, tune_minutes: float, rounds: int, db_dir: Path) -> list[Entry]:
+    """Compile (and tune), then time every engine in ``rounds`` interleaved rounds.
+
+    Each round times onnxruntime, Forge untuned, Forge tuned and torch one after
+    the other, each in a fresh process. A figure is the median over rounds, and a
+    ratio the median of the per-round ratios to onnxruntime: on a shared machine
+    the load changes between minutes, and interleaving spreads it over engines.
+    """
     inputs_path = work / f"{case.name}_inputs.npz"
     np.savez(inputs_path, *case.inputs)
-    reference = _worker("onnxruntime", case.onnx_path, inputs_path)
-    ort_out = np.load(f"{inputs_path}.onnxruntime.npy")
-    entries = [Entry(case.name, "onnxruntime", reference["median_ms"], reference["p90_ms"], 1.0,
-                     threads=reference["threads"])]
-
-    def forge_entry(engine: str, ir: forge.IRModule, compile_s: float, tuning_s: float | None) -> Entry:
-        artifact = work / f"{case.name}_{engine.replace(' ', '_')}"
-        ir.compile(output_path=artifact, force_overwrite=True)
-        result = _worker("forge", artifact, inputs_path)
-        out = np.load(f"{inputs_path}.forge.npy")
-        return Entry(case.name, engine, result["median_ms"], result["p90_ms"],
-                     result["median_ms"] / reference["median_ms"], compile_s, tuning_s,
-                     float(np.max(np.abs(out - ort_out))), result["threads"])
-
     ir = case.load()
     started = time.perf_counter()
     ir.compile(output_path=work / "compile_timing", force_overwrite=True)
     compile_s = time.perf_counter() - started
-    entries.append(forge_entry("forge untuned", ir, compile_s, None))
+
+    engines: dict[str, tuple[str, Path]] = {"onnxruntime": ("onnxruntime", case.onnx_path)}
+    extra: dict[str, dict] = {"forge untuned": {"compile_s": compile_s}}
+    artifact = work / f"{case.name}_untuned"
+    ir.compile(output_path=artifact, force_overwrite=True)
+    engines["forge untuned"] = ("forge", artifact)
     if tune_minutes > 0:
-        # Tune in a process of its own: MetaSchedule's worker processes must not outlive it into the timings.
-        database = work / f"{case.name}_db"
-        done = subprocess.run([sys.executable, str(Path(__file__)), "--tune-worker", case.name, str(database),
-                               str(tune_minutes)], check=True, capture_output=True, text=True)
-        print(done.stdout)
-        tuning_s = json.loads(done.stdout.strip().splitlines()[-1])["tuning_s"]
+        database, tuning_s = _tuned_database(case, db_dir, tune_minutes)
         ir.tuning_database = database
-        entries.append(forge_entry("forge tuned", ir, compile_s, tuning_s))
+        artifact = work / f"{case.name}_tuned"
+        ir.compile(output_path=artifact, force_overwrite=True)
+        engines["forge tuned"] = ("forge", artifact)
+        extra["forge tuned"] = {"compile_s": compile_s, "tuning_s": tuning_s}
     if case.torch_path is not None:
-        result = _worker("torch", case.torch_path, inputs_path)
-        entries.append(Entry(case.name, "torch eager", result["median_ms"], result["p90_ms"],
-                             result["median_ms"] / reference["median_ms"], threads=result["threads"]))
+        engines["torch eager"] = ("torch", case.torch_path)
+
+    results: dict[str, list[dict]] = {name: [] for name in engines}
+    errors: dict[str, float] = {}
+    for _ in range(rounds):
+        for name, (engine, path) in engines.items():
+            results[name].append(_worker(engine, path, inputs_path))
+            if engine == "forge" and name not in errors:
+                out = np.load(f"{inputs_path}.forge.npy")
+                errors[name] = float(np.max(np.abs(out - np.load(f"{inputs_path}.onnxruntime.npy"))))
+    reference = results["onnxruntime"]
+    entries = []
+    for name, runs in results.items():
+        ratios = [r["median_ms"] / ref["median_ms"] for r, ref in zip(runs, reference)]
+        entries.append(Entry(case.name, name, float(np.median([r["median_ms"] for r in runs])),
+                             float(np.median([r["p90_ms"] for r in runs])), float(np.median(ratios)),
+                             max_abs_error_vs_onnxruntime=errors.get(name), threads=runs[0]["threads"],
+                             ratio_range=(min(ratios), max(ratios)), **extra.get(name, {})))
     return entries
 
 
@@ -142,12 +173,14 @@ def print_table(entries: list[Entry]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("model", "engine", "median ms", "p90 ms", "x onnxruntime", "compile s", "tuning s",
-                  "max |err| vs ort", "threads")
+    table = Table("model", "engine", "median ms", "p90 ms", "x onnxruntime", "ratio range", "compile s",
+                  "tuning s", "max |err| vs ort", "threads")
     fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
     for e in entries:
         table.add_row(e.model, e.engine, fmt(e.median_ms, ".2f"), fmt(e.p90_ms, ".2f"),
-                      fmt(e.ratio_to_onnxruntime, ".2f"), fmt(e.compile_s, ".1f"), fmt(e.tuning_s, ".0f"),
+                      fmt(e.ratio_to_onnxruntime, ".2f"),
+                      "-" if e.ratio_range is None else f"{e.ratio_range[0]:.2f}-{e.ratio_range[1]:.2f}",
+                      fmt(e.compile_s, ".1f"), fmt(e.tuning_s, ".0f"),
                       fmt(e.max_abs_error_vs_onnxruntime, ".1e"), fmt(e.threads, "d"))
     Console(width=160).print(table)
 
@@ -169,13 +202,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="resnet50,mobilenetv2,bert6")
     parser.add_argument("--tune-minutes", type=float, default=0.0, help="tuning budget per model (0: skip)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (median reported)")
+    parser.add_argument("--db-dir", default=str(HERE / "results" / "tuning"),
+                        help="where tuning databases are kept; an existing one is reused instead of tuning again")
     parser.add_argument("--json", default=str(HERE / "results" / "cpu_latency.json"))
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, given {args.rounds}")
+    db_dir = Path(args.db_dir)
+    db_dir.mkdir(parents=True, exist_ok=True)
     entries: list[Entry] = []
     with tempfile.TemporaryDirectory(prefix="forge-bench-") as tmp:
         work = Path(tmp)
         for case in build_cases(args.models.split(","), work):
-            entries += run_case(case, work, args.tune_minutes)
+            entries += run_case(case, work, args.tune_minutes, args.rounds, db_dir)
             print_table([e for e in entries if e.model == case.name])
     print_table(entries)
     out = Path(args.json)
