@@ -70,6 +70,27 @@ def test_time_budget_and_argument_errors(tmp_path):
         ir.compile(output_path=tmp_path / "out")
 
 
+def test_the_time_budget_keeps_every_batch_already_measured(tmp_path):
+    # MetaSchedule builds one batch per task before it collects any; the budget is
+    # checked when the first is collected. The others must still reach the database.
+    ir = forge.from_onnx(conv_bn_net(seed=4, channels=8))
+    database = tmp_path / "db"
+    report = ir.tune(work_dir=database, trials=64, time_budget=0.5, progress=False)
+    assert report.stopped_by_time
+    per_workload: dict[int, int] = {}
+    for line in (database / RECORDS).read_text().splitlines():
+        index = json.loads(line)[0]
+        per_workload[index] = per_workload.get(index, 0) + 1
+    tasks = len((database / WORKLOADS).read_text().splitlines())
+    assert len(per_workload) == tasks >= 2
+    # A default record per task, plus the measured batches: not only the one batch
+    # MetaSchedule collected itself (a task whose few schedules are all measured
+    # already sends none).
+    measured = [index for index, count in per_workload.items() if count >= 2]
+    assert len(measured) >= 2, per_workload
+    assert report.trials > 32
+
+
 def test_a_missing_search_package_names_the_extra(tmp_path, monkeypatch):
     from forge_core.tuning import session
 

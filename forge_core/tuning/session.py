@@ -89,8 +89,9 @@ class _BudgetAndProgress(ms.measure_callback.PyMeasureCallback):
     """Counts trials for the progress bar and ends tuning when the time budget is spent.
 
     Runs after MetaSchedule's own callbacks, so the batch just measured is in
-    the database when the exception ends the loop. (Terminating tasks from
-    here instead trips a check in TVM's task scheduler.)
+    the database when the exception ends the loop; at the deadline it first
+    collects the batches of the other tasks still being measured. (Terminating
+    tasks from here instead trips a check in TVM's task scheduler.)
     """
 
     def __init__(self, deadline: float | None, total: int, progress: Progress | None) -> None:
@@ -106,8 +107,15 @@ class _BudgetAndProgress(ms.measure_callback.PyMeasureCallback):
         self.trials += len(runner_results)
         if self.progress is not None:
             self.progress(self.trials, self.total, f"task {task_id}")
-        if self.deadline is not None and time.monotonic() > self.deadline:
+        if self.deadline is not None and time.monotonic() > self.deadline and not self.stopped:
             self.stopped = True
+            # MetaSchedule builds every task's batch before it collects the first one: with
+            # many small tasks, most measured candidates still wait. Collect them (their
+            # records reach the database through the default callbacks; this one, called
+            # again, only counts), then end the search.
+            for other, record in enumerate(task_scheduler.tasks_):
+                if other != task_id and not record.is_terminated and record.measure_candidates is not None:
+                    task_scheduler.join_running_task(other)
             raise _BudgetReached(f"forge: tuning time budget reached after {self.trials} trials")
 
 
@@ -210,9 +218,18 @@ def tune_module(
 
     callback = _BudgetAndProgress(started + time_budget if time_budget else None, trials, progress)
     if trials > 0 and extracted:
-        contexts, task_weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
-            extracted, str(directory / "logs"), seed=0)
         ms_logger = logging.getLogger("tvm.s_tir.meta_schedule")
+        # TVM rebuilds this logger's configuration by handler name, and fails on a
+        # handler that has none (test runners and applications attach such handlers).
+        unnamed = [h for h in ms_logger.handlers if h.get_name() is None]
+        for handler in unnamed:
+            ms_logger.removeHandler(handler)
+        try:
+            contexts, task_weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
+                extracted, str(directory / "logs"), seed=0)
+        finally:
+            for handler in unnamed:
+                ms_logger.addHandler(handler)
         level = ms_logger.level
         ms_logger.setLevel(logging.WARNING)
         try:
