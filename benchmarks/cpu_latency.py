@@ -131,14 +131,13 @@ def run_case(case: Case, work: Path, tune_minutes: float, rounds: int, db_dir: P
     inputs_path = work / f"{case.name}_inputs.npz"
     np.savez(inputs_path, *case.inputs)
     ir = case.load()
+    artifact = work / f"{case.name}_untuned"
     started = time.perf_counter()
-    ir.compile(output_path=work / "compile_timing", force_overwrite=True)
+    ir.compile(output_path=artifact, force_overwrite=True)
     compile_s = time.perf_counter() - started
 
     engines: dict[str, tuple[str, Path]] = {"onnxruntime": ("onnxruntime", case.onnx_path)}
     extra: dict[str, dict] = {"forge untuned": {"compile_s": compile_s}}
-    artifact = work / f"{case.name}_untuned"
-    ir.compile(output_path=artifact, force_overwrite=True)
     engines["forge untuned"] = ("forge", artifact)
     if tune_minutes > 0:
         database, tuning_s = _tuned_database(case, db_dir, tune_minutes)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import tvm
+from tvm import relax
+from tvm.relax import dpl
 
 from forge_core.errors import ForgeError
 from forge_core.plugin_manager import get_plugin_manager
@@ -42,3 +44,13 @@ def run_passes(mod: tvm.IRModule, names: Iterable[str], context: PassContext | N
             )
         mod = result
     return mod
+
+
+def rewrite_functions(mod: tvm.IRModule, pattern: dpl.DFPattern,
+                      rewrite: Callable[[relax.Expr, dict], relax.Expr]) -> tvm.IRModule:
+    """``mod`` with every match of ``pattern`` in its Relax functions replaced by ``rewrite(expr, matches)``."""
+    updated = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            updated[gv] = dpl.rewrite_call(pattern, rewrite, func)
+    return updated

@@ -19,7 +19,7 @@ from tvm import relax
 from tvm.relax import dpl
 
 from forge_core.hookspecs import hookimpl
-from forge_core.passes import PassContext
+from forge_core.passes import PassContext, rewrite_functions
 
 
 def fold_constants(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:
@@ -69,11 +69,7 @@ def _fold_conv_bias_batch_norm(mod: tvm.IRModule) -> tvm.IRModule:
         folded = relax.Call(conv.op, [matches[parts["data"]], relax.const(new_weight)], conv.attrs)
         return relax.op.add(folded, relax.const(new_bias))
 
-    updated = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
-    for gv, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            updated[gv] = dpl.rewrite_call(pattern, rewrite, func)
-    return updated
+    return rewrite_functions(mod, pattern, rewrite)
 
 
 def fold_batch_norms(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:

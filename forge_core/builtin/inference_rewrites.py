@@ -19,16 +19,13 @@ from tvm import relax
 from tvm.relax import dpl
 
 from forge_core.hookspecs import hookimpl
-from forge_core.passes import PassContext
+from forge_core.passes import PassContext, rewrite_functions
 
 
 def remove_dropout(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:
     data = dpl.wildcard()
     pattern = dpl.is_tuple_get_item(dpl.is_op("relax.nn.dropout")(data), 0)
-    updated = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
-    for gv, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            updated[gv] = dpl.rewrite_call(pattern, lambda expr, matches: matches[data], func)
+    updated = rewrite_functions(mod, pattern, lambda expr, matches: matches[data])
     return relax.transform.DeadCodeElimination()(updated)
 
 

@@ -72,7 +72,7 @@ class _ForgeImporter(ONNXGraphImporter):
                 return scalar_float_constant(result, list(inputs))
             if isinstance(result, relax.Expr) and not isinstance(result, relax.Tuple) and inputs and all(
                     i is None or isinstance(i, (tvm.ir.GenericConst, relax.ShapeExpr)) for i in inputs):
-                result = fold_if_constant(self.bb, self.bb.normalize(result))
+                result = fold_if_constant(self.bb, result)  # normalized above, or by TVM
             return result
         except OperatorConversionError:
             raise
