@@ -56,6 +56,13 @@ def compile_and_compare(model, tmp_path, caplog):
         ("depthwise_stride2", single_node("Conv", [("x", [1, 32, 16, 16])], [1, 32, 8, 8],
                                           [RNG.standard_normal((32, 1, 3, 3))], pads=[1, 1, 1, 1], strides=[2, 2],
                                           group=32), "GroupedConv2dNCHW"),
+        ("depthwise_stride2_odd_width", single_node("Conv", [("x", [1, 16, 15, 15])], [1, 16, 8, 8],
+                                                    [RNG.standard_normal((16, 1, 3, 3))], pads=[1, 1, 1, 1],
+                                                    strides=[2, 2], group=16), "GroupedConv2dNCHW"),
+        ("pointwise", single_node("Conv", [("x", [1, 16, 32, 32])], [1, 24, 32, 32],
+                                  [RNG.standard_normal((24, 16, 1, 1))]), "PointwiseConv2dNCHW"),
+        ("pointwise_small_map", single_node("Conv", [("x", [1, 16, 7, 7])], [1, 32, 7, 7],
+                                            [RNG.standard_normal((32, 16, 1, 1))]), "Conv2dNCHW"),
         ("grouped", single_node("Conv", [("x", [1, 32, 8, 8])], [1, 32, 8, 8],
                                 [RNG.standard_normal((32, 8, 3, 3))], pads=[1, 1, 1, 1], group=4),
          "GroupedConv2dNCHW"),
@@ -72,6 +79,24 @@ def compile_and_compare(model, tmp_path, caplog):
 def test_each_rule_takes_its_operator_and_keeps_the_numbers(name, model, rule, tmp_path, caplog):
     counts = compile_and_compare(model, tmp_path, caplog)
     assert counts.get(rule, 0) >= 1, counts
+
+
+def test_pointwise_tile_straddles_rows_with_bias_residual_and_clip(tmp_path, caplog):
+    # MobileNetV2's projection: 1x1 conv + bias, then the residual add; the tile of
+    # 2 x 16 pixels crosses the 24-pixel rows, and 48 output channels make 6 tiles of 8.
+    w, b = RNG.standard_normal((48, 32, 1, 1)), RNG.standard_normal(48)
+    nodes = [
+        helper.make_node("Conv", ["x", "w0", "w1"], ["c"], name="project"),
+        helper.make_node("Add", ["c", "skip"], ["s"], name="residual"),
+        helper.make_node("Clip", ["s", "lo", "hi"], ["y"], name="relu6"),
+    ]
+    inits = [numpy_helper.from_array(w.astype(np.float32), "w0"), numpy_helper.from_array(b.astype(np.float32), "w1"),
+             numpy_helper.from_array(np.array(0, np.float32), "lo"), numpy_helper.from_array(np.array(6, np.float32), "hi")]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 24, 24]),
+                               helper.make_tensor_value_info("skip", TensorProto.FLOAT, [1, 48, 24, 24])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 48, 24, 24])], inits)
+    counts = compile_and_compare(model, tmp_path, caplog)
+    assert counts == {"PointwiseConv2dNCHW": 1}, counts
 
 
 def test_layer_norm_and_gelu_chain(tmp_path, caplog):

@@ -7,6 +7,9 @@ on every fused PrimFunc; the first that returns a schedule wins.
 
 Rules, most specific first:
 
+* :class:`PointwiseConv2dNCHW`: 1x1 convolution (stride 1, no padding) on
+  feature maps of whole vectors of pixels: a matrix product vectorized along
+  the pixels, a register tile of up to 8 output channels by several vectors.
 * :class:`Conv2dNCHW`: convolution (groups=1), NCHW activations, weights
   repacked at compile time to ``[F/v, C, KH, KW, v]``; a register tile of up to
   16 output pixels by one vector of output channels; fused epilogues (bias,

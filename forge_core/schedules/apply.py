@@ -15,6 +15,7 @@ from forge_core.schedules.conv2d import PREPACK, Conv2dNCHW
 from forge_core.schedules.elementwise import Elementwise, Generic
 from forge_core.schedules.grouped_conv2d import GroupedConv2dNCHW
 from forge_core.schedules.matmul import Matmul
+from forge_core.schedules.pointwise_conv2d import PointwiseConv2dNCHW
 
 logger = logging.getLogger("forge.schedule")
 
@@ -25,7 +26,7 @@ FALLBACK_RULES = ("Generic",)
 
 def default_rules() -> list[dlight.ScheduleRule]:
     """Forge's CPU rules, most specific first."""
-    return [Conv2dNCHW(), GroupedConv2dNCHW(), Matmul(), dlight.cpu.Reduction(), Elementwise(), Generic()]
+    return [PointwiseConv2dNCHW(), Conv2dNCHW(), GroupedConv2dNCHW(), Matmul(), dlight.cpu.Reduction(), Elementwise(), Generic()]
 
 
 def _is_scheduled(func: tirx.PrimFunc) -> bool:
