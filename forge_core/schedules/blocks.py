@@ -43,6 +43,19 @@ def name_of(sch: s_tir.Schedule, block: s_tir.SBlockRV) -> str:
     return str(sch.get(block).name_hint)
 
 
+def sole_block(func: tirx.PrimFunc, prefixes: str | tuple[str, ...],
+               kinds: str) -> tuple[s_tir.Schedule, s_tir.SBlockRV] | None:
+    """A schedule of a static ``func`` and its one top-level block named ``prefixes``* with iterators ``kinds``.
+
+    None when ``func`` is not a static PrimFunc or has no such block, or several.
+    """
+    if not isinstance(func, tirx.PrimFunc) or not is_static(func):
+        return None
+    sch = s_tir.Schedule(func)
+    found = [b for b in blocks(sch) if name_of(sch, b).startswith(prefixes) and iter_kinds(sch, b) == kinds]
+    return (sch, found[0]) if len(found) == 1 else None
+
+
 def largest_divisor(n: int, cap: int) -> int:
     """The largest divisor of ``n`` that is at most ``cap``."""
     for candidate in range(min(n, cap), 0, -1):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight
 
-from forge_core.schedules.blocks import blocks, extent, is_static, iter_kinds, largest_divisor, name_of, vector_unit
+from forge_core.schedules.blocks import extent, largest_divisor, sole_block, vector_unit
 from forge_core.schedules.epilogue import attach_epilogue, schedule_padding, split_epilogue
 
 # Marks a weight-repacking block; relax.transform.SplitLayoutRewritePreproc moves it out so that
@@ -22,13 +22,10 @@ class Conv2dNCHW(dlight.ScheduleRule):
     """
 
     def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:  # type: ignore[override]
-        if not isinstance(func, tirx.PrimFunc) or not is_static(func):
+        found = sole_block(func, "conv2d_nchw", "SSSSRRR")
+        if found is None:
             return None
-        sch = s_tir.Schedule(func)
-        convs = [b for b in blocks(sch) if name_of(sch, b).startswith("conv2d_nchw") and iter_kinds(sch, b) == "SSSSRRR"]
-        if len(convs) != 1:
-            return None
-        conv = convs[0]
+        sch, conv = found
         stmt = sch.get(conv)
         weight = stmt.reads[-1].source
         if len(weight.shape) != 4:

@@ -6,7 +6,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight
 from tvm.sym.pattern import detect_linear_equation
 
-from forge_core.schedules.blocks import blocks, extent, is_static, iter_kinds, largest_divisor, name_of, vector_unit
+from forge_core.schedules.blocks import blocks, extent, largest_divisor, name_of, sole_block, vector_unit
 from forge_core.schedules.epilogue import attach_epilogue, schedule_padding, split_epilogue
 
 MAX_ROW_TILE = 32
@@ -33,14 +33,10 @@ class GroupedConv2dNCHW(dlight.ScheduleRule):
     """
 
     def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:  # type: ignore[override]
-        if not isinstance(func, tirx.PrimFunc) or not is_static(func):
+        found = sole_block(func, ("group_conv2d", "depthwise"), "SSSSRRR")
+        if found is None:
             return None
-        sch = s_tir.Schedule(func)
-        convs = [b for b in blocks(sch) if name_of(sch, b).startswith(("group_conv2d", "depthwise"))
-                 and iter_kinds(sch, b) == "SSSSRRR"]
-        if len(convs) != 1:
-            return None
-        conv = convs[0]
+        sch, conv = found
         dtype = str(sch.get(conv).writes[0].source.dtype)
         lanes = vector_unit(target).lanes(dtype)
         stride = _x_stride(sch, conv)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight
 
-from forge_core.schedules.blocks import blocks, extent, is_static, iter_kinds, name_of, vector_unit
+from forge_core.schedules.blocks import blocks, extent, name_of, sole_block, vector_unit
 from forge_core.schedules.conv2d import PREPACK
 from forge_core.schedules.epilogue import attach_epilogue, schedule_padding, split_epilogue
 
@@ -40,13 +40,10 @@ class PointwiseConv2dNCHW(dlight.ScheduleRule):
     """
 
     def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:  # type: ignore[override]
-        if not isinstance(func, tirx.PrimFunc) or not is_static(func):
+        found = sole_block(func, "conv2d_nchw", "SSSSRRR")
+        if found is None:
             return None
-        sch = s_tir.Schedule(func)
-        convs = [b for b in blocks(sch) if name_of(sch, b).startswith("conv2d_nchw") and iter_kinds(sch, b) == "SSSSRRR"]
-        if len(convs) != 1:
-            return None
-        conv = convs[0]
+        sch, conv = found
         stmt = sch.get(conv)
         weight, data = stmt.reads[-1].source, stmt.reads[0].source
         n, f, y, x, rc, ry, rx = sch.get_loops(conv)
