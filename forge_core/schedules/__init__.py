@@ -18,6 +18,8 @@ Rules, most specific first:
   along the output row, padding computed per channel plane.
 * :class:`Matmul`: dense, matmul and batch matmul; register tile of up to 8
   rows by several vectors of columns, constant right-hand sides repacked.
+* :class:`WholeTensorReduction`: a softmax or normalization over a single
+  row (a classifier's ``[1, 1000]``), stage by stage, spatial stages vectorized.
 * TVM's ``dlight.cpu.Reduction``: softmax, layer norm, pooling to one value.
 * :class:`Elementwise`: injective chains, inlined, parallel and vectorized.
 * :class:`Generic`: anything else, parallel over its leading spatial loops.

@@ -16,6 +16,7 @@ from forge_core.schedules.elementwise import Elementwise, Generic
 from forge_core.schedules.grouped_conv2d import GroupedConv2dNCHW
 from forge_core.schedules.matmul import Matmul
 from forge_core.schedules.pointwise_conv2d import PointwiseConv2dNCHW
+from forge_core.schedules.reduction import WholeTensorReduction
 
 logger = logging.getLogger("forge.schedule")
 
@@ -26,7 +27,8 @@ FALLBACK_RULES = ("Generic",)
 
 def default_rules() -> list[dlight.ScheduleRule]:
     """Forge's CPU rules, most specific first."""
-    return [PointwiseConv2dNCHW(), Conv2dNCHW(), GroupedConv2dNCHW(), Matmul(), dlight.cpu.Reduction(), Elementwise(), Generic()]
+    return [PointwiseConv2dNCHW(), Conv2dNCHW(), GroupedConv2dNCHW(), Matmul(), WholeTensorReduction(),
+            dlight.cpu.Reduction(), Elementwise(), Generic()]
 
 
 def _is_scheduled(func: tirx.PrimFunc) -> bool:

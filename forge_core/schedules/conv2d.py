@@ -11,10 +11,12 @@ from forge_core.schedules.epilogue import attach_epilogue, schedule_padding, spl
 # Marks a weight-repacking block; relax.transform.SplitLayoutRewritePreproc moves it out so that
 # FoldConstant runs it once, at compile time.
 PREPACK = "meta_schedule.layout_rewrite_preproc"
+# Rows at most this wide take the two-vector channel tile whatever the kernel.
+NARROW_ROW = 7
 
 
 class Conv2dNCHW(dlight.ScheduleRule):
-    """Register tile: ``xt`` output pixels of a row x one vector of output channels.
+    """Register tile: ``xt`` output pixels of a row x one or two vectors of output channels.
 
     Weights are repacked to ``[F/v, C, KH, KW, v]`` so that each (c, ry, rx)
     step loads one contiguous vector; input pixels are broadcast. The reduction
@@ -38,6 +40,13 @@ class Conv2dNCHW(dlight.ScheduleRule):
         dtype = str(stmt.writes[0].source.dtype)
         vec = unit.vector_factor(channels_out, dtype)
         tile_x = largest_divisor(width, unit.accumulators if vec < unit.lanes(dtype) else min(16, unit.accumulators))
+        one_by_one = [int(d) for d in weight.shape[2:]] == [1, 1]
+        if vec == unit.lanes(dtype) and channels_out % (2 * vec) == 0 and (one_by_one or width <= NARROW_ROW):
+            # Two vectors of output channels per input pixel broadcast: fewer loads per
+            # multiply-add. Measured on AVX-512: 1.2-1.6x on 1x1 and 7x7-map convolutions,
+            # slower on 3x3 convolutions over wider rows.
+            vec *= 2
+            tile_x = largest_divisor(width, unit.accumulators // 2)
 
         epilogue = split_epilogue(sch, conv)
         weight_index = len(stmt.reads) - 1
