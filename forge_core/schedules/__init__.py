@@ -12,7 +12,8 @@ Rules, most specific first:
   the pixels, a register tile of up to 8 output channels by several vectors.
 * :class:`Conv2dNCHW`: convolution (groups=1), NCHW activations, weights
   repacked at compile time to ``[F/v, C, KH, KW, v]``; a register tile of up to
-  16 output pixels by one vector of output channels; fused epilogues (bias,
+  16 output pixels by one vector of output channels (1x1 kernels and rows of
+  at most 7 pixels: up to 14 pixels by two vectors); fused epilogues (bias,
   residual add, relu, clip) write each tile back.
 * :class:`GroupedConv2dNCHW`: depthwise and grouped convolutions, vectorized
   along the output row, padding computed per channel plane.

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
+from tvm.sym.pattern import detect_linear_equation
 
 
 def extent(sch: s_tir.Schedule, loop: s_tir.LoopRV) -> int | None:
@@ -96,3 +97,15 @@ def vector_unit(target: tvm.target.Target) -> VectorUnit:
     aarch64 = triple.startswith(("aarch64", "arm64"))
     registers = 32 if bits >= 512 or aarch64 else 16
     return VectorUnit(max(bits, 128), registers)
+
+
+def x_stride(sch: s_tir.Schedule, conv: s_tir.SBlockRV) -> int:
+    """A convolution block's stride along the output width: the coefficient of x in its input's last index."""
+    stmt = sch.get(conv)
+    x_var = stmt.iter_vars[3].var
+    index = stmt.reads[0].region[-1].min
+    try:
+        coefficients = detect_linear_equation(index, [x_var])
+        return int(coefficients[0]) if len(coefficients) else 1
+    except Exception:  # noqa: BLE001 - a non-linear index: treat as stride 1
+        return 1

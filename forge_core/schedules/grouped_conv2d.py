@@ -4,24 +4,11 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight
-from tvm.sym.pattern import detect_linear_equation
 
-from forge_core.schedules.blocks import blocks, extent, largest_divisor, name_of, sole_block, vector_unit
+from forge_core.schedules.blocks import blocks, extent, largest_divisor, name_of, sole_block, vector_unit, x_stride
 from forge_core.schedules.epilogue import attach_epilogue, schedule_padding, split_epilogue
 
 MAX_ROW_TILE = 32
-
-
-def _x_stride(sch: s_tir.Schedule, conv: s_tir.SBlockRV) -> int:
-    """The stride along the output width: the coefficient of x in the input's last index."""
-    stmt = sch.get(conv)
-    x_var = stmt.iter_vars[3].var
-    index = stmt.reads[0].region[-1].min
-    try:
-        coefficients = detect_linear_equation(index, [x_var])
-        return int(coefficients[0]) if len(coefficients) else 1
-    except Exception:  # noqa: BLE001 - a non-linear index: treat as stride 1
-        return 1
 
 
 class GroupedConv2dNCHW(dlight.ScheduleRule):
@@ -39,7 +26,7 @@ class GroupedConv2dNCHW(dlight.ScheduleRule):
         sch, conv = found
         dtype = str(sch.get(conv).writes[0].source.dtype)
         lanes = vector_unit(target).lanes(dtype)
-        stride = _x_stride(sch, conv)
+        stride = x_stride(sch, conv)
         n, c, y, x, rc, ry, rx = sch.get_loops(conv)
         width = extent(sch, x)
         tile_x = width if width <= MAX_ROW_TILE else largest_divisor(width, MAX_ROW_TILE)

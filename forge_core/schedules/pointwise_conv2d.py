@@ -15,7 +15,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight
 
-from forge_core.schedules.blocks import blocks, extent, name_of, sole_block, vector_unit
+from forge_core.schedules.blocks import blocks, extent, name_of, sole_block, vector_unit, x_stride
 from forge_core.schedules.conv2d import PREPACK
 from forge_core.schedules.epilogue import attach_epilogue, schedule_padding, split_epilogue
 
@@ -50,7 +50,7 @@ class PointwiseConv2dNCHW(dlight.ScheduleRule):
         channels_out, height, width = extent(sch, f), extent(sch, y), extent(sch, x)
         if [int(d) for d in weight.shape] != [channels_out, extent(sch, rc), 1, 1]:
             return None  # not 1x1, or grouped
-        if [int(d) for d in data.shape[2:]] != [height, width]:
+        if [int(d) for d in data.shape[2:]] != [height, width] or x_stride(sch, conv) != 1:
             return None  # strided or padded
         unit = vector_unit(target)
         dtype = str(stmt.writes[0].source.dtype)
