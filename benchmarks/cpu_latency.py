@@ -136,9 +136,9 @@ def run_case(case: Case, work: Path, tune_minutes: float, rounds: int, db_dir: P
     ir.compile(output_path=artifact, force_overwrite=True)
     compile_s = time.perf_counter() - started
 
-    engines: dict[str, tuple[str, Path]] = {"onnxruntime": ("onnxruntime", case.onnx_path)}
+    engines: dict[str, tuple[str, Path]] = {"onnxruntime": ("onnxruntime", case.onnx_path),
+                                            "forge untuned": ("forge", artifact)}
     extra: dict[str, dict] = {"forge untuned": {"compile_s": compile_s}}
-    engines["forge untuned"] = ("forge", artifact)
     if tune_minutes > 0:
         database, tuning_s = _tuned_database(case, db_dir, tune_minutes)
         ir.tuning_database = database

@@ -15,6 +15,23 @@ PREPACK = "meta_schedule.layout_rewrite_preproc"
 NARROW_ROW = 7
 
 
+def ungrouped_conv(func: tirx.PrimFunc) -> tuple[s_tir.Schedule, s_tir.SBlockRV] | None:
+    """A schedule of ``func`` and its convolution block, when that convolution has groups=1.
+
+    The weight (the block's last read) is then ``[F, C, KH, KW]`` with F and C
+    the extents of the output-channel and reduction-channel loops.
+    """
+    found = sole_block(func, "conv2d_nchw", "SSSSRRR")
+    if found is None:
+        return None
+    sch, conv = found
+    weight = sch.get(conv).reads[-1].source
+    _, f, _, _, rc, _, _ = sch.get_loops(conv)
+    if len(weight.shape) != 4 or [int(d) for d in weight.shape[:2]] != [extent(sch, f), extent(sch, rc)]:
+        return None  # grouped: GroupedConv2dNCHW's
+    return sch, conv
+
+
 class Conv2dNCHW(dlight.ScheduleRule):
     """Register tile: ``xt`` output pixels of a row x one or two vectors of output channels.
 
@@ -24,18 +41,14 @@ class Conv2dNCHW(dlight.ScheduleRule):
     """
 
     def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:  # type: ignore[override]
-        found = sole_block(func, "conv2d_nchw", "SSSSRRR")
+        found = ungrouped_conv(func)
         if found is None:
             return None
         sch, conv = found
         stmt = sch.get(conv)
         weight = stmt.reads[-1].source
-        if len(weight.shape) != 4:
-            return None
         n, f, y, x, rc, ry, rx = sch.get_loops(conv)
-        channels_out, width, channels_in = extent(sch, f), extent(sch, x), extent(sch, rc)
-        if int(weight.shape[1]) != channels_in or int(weight.shape[0]) != channels_out:
-            return None  # grouped: GroupedConv2dNCHW's
+        channels_out, width = extent(sch, f), extent(sch, x)
         unit = vector_unit(target)
         dtype = str(stmt.writes[0].source.dtype)
         vec = unit.vector_factor(channels_out, dtype)

@@ -15,9 +15,9 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight
 
-from forge_core.schedules.blocks import blocks, extent, name_of, sole_block, vector_unit, x_stride
-from forge_core.schedules.conv2d import PREPACK
-from forge_core.schedules.epilogue import attach_epilogue, schedule_padding, split_epilogue
+from forge_core.schedules.blocks import blocks, extent, name_of, vector_unit, x_stride
+from forge_core.schedules.conv2d import PREPACK, ungrouped_conv
+from forge_core.schedules.epilogue import attach_epilogue, split_epilogue
 
 # Output channels per register tile: the widest that divides the channel count.
 CHANNEL_TILES = (8, 6, 4)
@@ -40,7 +40,7 @@ class PointwiseConv2dNCHW(dlight.ScheduleRule):
     """
 
     def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:  # type: ignore[override]
-        found = sole_block(func, "conv2d_nchw", "SSSSRRR")
+        found = ungrouped_conv(func)
         if found is None:
             return None
         sch, conv = found
@@ -48,8 +48,8 @@ class PointwiseConv2dNCHW(dlight.ScheduleRule):
         weight, data = stmt.reads[-1].source, stmt.reads[0].source
         n, f, y, x, rc, ry, rx = sch.get_loops(conv)
         channels_out, height, width = extent(sch, f), extent(sch, y), extent(sch, x)
-        if [int(d) for d in weight.shape] != [channels_out, extent(sch, rc), 1, 1]:
-            return None  # not 1x1, or grouped
+        if [int(d) for d in weight.shape[2:]] != [1, 1]:
+            return None
         if [int(d) for d in data.shape[2:]] != [height, width] or x_stride(sch, conv) != 1:
             return None  # strided or padded
         unit = vector_unit(target)
@@ -96,5 +96,4 @@ class PointwiseConv2dNCHW(dlight.ScheduleRule):
         sch.unroll(p_vectors)
         sch.unroll(f_inner)
         sch.decompose_reduction(conv, rc)
-        schedule_padding(sch, lanes)
         return sch
