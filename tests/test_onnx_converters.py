@@ -346,3 +346,60 @@ def _recurrent_model(op, gates, direction, hidden=3, seq=4, batch=2, features=5,
 def test_recurrent_operators(op, gates, attrs, direction):
     model, feeds = _recurrent_model(op, gates, direction, **attrs)
     check(model, feeds, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("bounds", ["both", "min_only", "max_only", "input_bounds", "nan_max"])
+@pytest.mark.parametrize("float16", [False, True])
+def test_clip_stays_high_level_and_compiles_with_float16(bounds, float16, tmp_path):
+    # TVM's converter emitted call_tir at import, which set_float16 (ToMixedPrecision) rejected.
+    lo = numpy_helper.from_array(np.array(-0.3, np.float32), "lo")
+    hi = numpy_helper.from_array(np.array(np.nan if bounds == "nan_max" else 0.6, np.float32), "hi")
+    names, inits, extra = {"both": (["x", "lo", "hi"], [lo, hi], []), "min_only": (["x", "lo"], [lo], []),
+                           "max_only": (["x", "", "hi"], [hi], []), "nan_max": (["x", "lo", "hi"], [lo, hi], []),
+                           "input_bounds": (["x", "l", "h"], [], ["l", "h"])}[bounds]
+    nodes = [helper.make_node("MatMul", ["a", "w"], ["x"]), helper.make_node("Clip", names, ["y"], name="clip")]
+    w = numpy_helper.from_array(rand(8, 6), "w")
+    model = make_model(nodes, [vi("a", FLOAT, [3, 8])] + [vi(n, FLOAT, []) for n in extra], [vi("y", FLOAT, [3, 6])],
+                       [w, *inits])
+    feeds = {"a": rand(3, 8), **{n: np.array(v, np.float32) for n, v in zip(extra, (-0.2, 0.4))}}
+    (expected,) = ort_run(model, feeds)
+    ir = forge.from_onnx(model)
+    assert not any(name.startswith(("maximum", "minimum")) for name in (gv.name_hint for gv in ir.mod.functions))
+    ir.compile(output_path=tmp_path / "a", set_float16=float16)
+    (got,) = forge.Runtime(tmp_path / "a").infer(*feeds.values())
+    np.testing.assert_allclose(got, expected, rtol=2e-2 if float16 else 1e-5, atol=2e-2 if float16 else 1e-5)
+
+
+@pytest.mark.parametrize("op", ["Max", "Min", "Mean"])
+def test_variadic_max_min_mean_broadcast_without_stacking(op, tmp_path):
+    node = helper.make_node(op, ["a", "b", "c"], ["y"], name="variadic")
+    model = make_model([node], [vi("a", FLOAT, [2, 3, 4]), vi("b", FLOAT, [3, 1]), vi("c", FLOAT, [4])],
+                       [vi("y", FLOAT, [2, 3, 4])])
+    feeds = {"a": rand(2, 3, 4), "b": rand(3, 1), "c": rand(4)}
+    check(model, feeds)
+    assert "stack" not in forge.from_onnx(model).operators
+    # set_channel_layout used to fail on the stack TVM's converter built.
+    forge.from_onnx(model).compile(output_path=tmp_path / "a", set_channel_layout="last")
+    np.testing.assert_allclose(forge.Runtime(tmp_path / "a").infer(*feeds.values())[0], ort_run(model, feeds)[0],
+                               rtol=1e-6)
+
+
+def test_resize_align_corners_to_one_pixel_is_refused_with_the_reason():
+    scales = numpy_helper.from_array(np.array([1, 1, 0.5, 0.5], np.float32), "scales")
+    model = _one_node("Resize", [("x", FLOAT, [1, 2, 5, 3])], [("y", FLOAT, [1, 2, 2, 1])], opset=13,
+                      initializers=[scales], mode="linear", coordinate_transformation_mode="align_corners")
+    model.graph.node[0].input[:] = ["x", "", "scales"]
+    with pytest.raises(forge.OperatorConversionError, match="align_corners to size 1 along axis 3"):
+        forge.from_onnx(model)
+
+
+def test_resize_by_a_scale_that_gives_a_fractional_size_is_refused():
+    # 15 x 0.5 = 7.5: onnxruntime maps output x to 2x + 0.5, TVM would use the size ratio 15/7.
+    scales = numpy_helper.from_array(np.array([1, 1, 0.5, 0.5], np.float32), "scales")
+    model = _one_node("Resize", [("x", FLOAT, [1, 3, 6, 15])], [("y", FLOAT, [1, 3, 3, 7])], opset=13,
+                      initializers=[scales], mode="nearest", coordinate_transformation_mode="half_pixel")
+    model.graph.node[0].input[:] = ["x", "", "scales"]
+    with pytest.raises(forge.OperatorConversionError, match="gives 7.5, not a whole size"):
+        forge.from_onnx(model)
+    model.graph.input[0].type.tensor_type.shape.dim[3].dim_value = 14  # 7 exactly: same numbers
+    check(model, {"x": rand(1, 3, 6, 14)})

@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--encrypt", action="store_true",
                       help=f"encrypt the artifact; the password comes from ${commands.PASSWORD_ENV} or a prompt")
     comp.add_argument("--tuning-db", metavar="DIR", help="apply the tuned schedules of `forge tune` (no trials)")
+    comp.add_argument("--verify", action="store_true",
+                      help="check every scheduled function against its unscheduled form on random inputs "
+                           "(as FORGE_VERIFY=1 does); a mismatch fails the compile")
     comp.set_defaults(handler=commands.cmd_compile)
 
     tune = sub.add_parser("tune", help="tune a model's operators for a CPU target into a database")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import getpass
 import json
 import os
@@ -47,7 +48,9 @@ def _password(args: argparse.Namespace) -> str | None:
 def cmd_compile(args: argparse.Namespace) -> int:
     password = _password(args)
     started = time.perf_counter()
-    with err.status(f"Loading {args.model}") as status:
+    from forge_core.schedules.verify import verifying
+
+    with err.status(f"Loading {args.model}") as status, verifying() if args.verify else contextlib.nullcontext():
         ir = load_model(args.model, args.frontend, args.shape)
         ir.tuning_database = args.tuning_db
         from forge_core.compiler.compile import compile_module

@@ -15,7 +15,7 @@ OPT_LEVELS = {
     1: "+ operator fusion (FuseOps, FuseTIR)",
     2: "+ compile-time constant folding, common-subexpression and dead-code elimination",
     3: "+ inference simplifications (dropout removed, norms decomposed) and vectorizable exp/erf/tanh/softmax approximations (a few ulps); the default",
-    4: "+ LLVM fast-math flags (reassociation; results may differ in the last bits)",
+    4: "+ LLVM fast-math flags that keep infinities and NaN (reassociation, FMA contraction; results may differ in the last bits)",
 }
 """What each ``opt_level`` does; every level includes the ones below it."""
 

@@ -26,11 +26,14 @@ from tvm import relax
 from forge_core.compiler.options import CHANNEL_LAYOUTS, CompileOptions
 from forge_core.passes import PassContext, run_passes
 from forge_core.plugin_manager import get_plugin_manager
-from forge_core.schedules.apply import log_fallbacks, schedule_report
+from forge_core.schedules.apply import fold_repacked_weights, log_fallbacks, schedule_report
+from forge_core.schedules.verify import take_failure, verification_enabled, verify_schedules
 
 logger = logging.getLogger("forge.compile")
 
-_LAYOUT_OPS = ("relax.nn.conv2d", "relax.nn.conv2d_transpose")
+# TVM legalizes conv2d_transpose only as NCHW data with an IOHW (input-channels-first) kernel:
+# under either channel layout it keeps that form, and ConvertLayout transposes around it.
+_FIXED_LAYOUTS = {"relax.nn.conv2d_transpose": ["NCHW", "IOHW"]}
 
 
 def prepare_graph(mod: tvm.IRModule, options: CompileOptions) -> tvm.IRModule:
@@ -41,7 +44,7 @@ def prepare_graph(mod: tvm.IRModule, options: CompileOptions) -> tvm.IRModule:
         passes += [relax.transform.DecomposeOpsForInference(), relax.transform.CanonicalizeBindings()]
     if options.set_channel_layout is not None:
         data_layout, kernel_layout = CHANNEL_LAYOUTS[options.set_channel_layout]
-        desired = {op: [data_layout, kernel_layout] for op in _LAYOUT_OPS}
+        desired = {"relax.nn.conv2d": [data_layout, kernel_layout], **_FIXED_LAYOUTS}
         passes.append(relax.transform.ConvertLayout(desired))
     if options.set_float16:
         # fp16 storage, fp32 accumulation; the model's inputs and outputs stay float32.
@@ -94,7 +97,10 @@ def schedule_stage(target: tvm.target.Target, opt_level: int,
 
     External plugins' schedule passes run before the built-in ones. Each pass
     schedules the PrimFuncs it recognises and leaves the others for the next;
-    the compile log then says which functions fell back.
+    the compile log then says which functions fell back. In verification mode
+    (:mod:`forge_core.schedules.verify`) every function a pass or a tuning
+    record rewrote is checked against its unscheduled form. Last, the weight
+    repacking stages the schedules marked run once, at compile time.
     """
     manager = get_plugin_manager()
     builtin = {info.name for info in manager.list_plugins() if info.builtin}
@@ -103,15 +109,20 @@ def schedule_stage(target: tvm.target.Target, opt_level: int,
 
     @tvm.transform.module_pass(opt_level=0, name="forge_schedules")
     def _stage(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        verify = verification_enabled()
         if tuning_database is not None:
-            from forge_core.tuning.database import apply_database
+            from forge_core.tuning.database import TUNED_RULE, apply_database
 
-            mod = apply_database(mod, target, tuning_database)
+            before, mod = mod, apply_database(mod, target, tuning_database)
+            if verify:
+                verify_schedules(before, mod, target, TUNED_RULE)
         for spec in specs:
             logger.debug("schedule pass %s (plugin %s)", spec.name, spec.plugin)
-            mod = spec.transform(mod, context)
+            before, mod = mod, spec.transform(mod, context)
+            if verify:
+                verify_schedules(before, mod, target, f"schedule pass {spec.name!r} of plugin {spec.plugin!r}")
         log_fallbacks(schedule_report(mod))
-        return mod
+        return fold_repacked_weights(mod)
 
     return _stage
 
@@ -135,14 +146,24 @@ def build_pipeline(target: tvm.target.Target, opt_level: int,
     return _pipeline
 
 
+FAST_MATH_FLAGS = ("fast-math-reassoc", "fast-math-contract", "fast-math-arcp", "fast-math-nsz")
+
+
 def with_fast_math(target: tvm.target.Target) -> tvm.target.Target:
-    """``target`` with LLVM's fast-math flags on (opt_level 4, CPU targets)."""
+    """``target`` with LLVM's value-safe fast-math flags on (opt_level 4, CPU targets).
+
+    Reassociation, contraction (FMA), reciprocal approximation and ignoring the
+    sign of zero: results may differ in the last bits. Not ``nnan``/``ninf``
+    (what plain ``fast-math`` adds): under them LLVM may assume no infinity
+    ever appears, and a sigmoid whose ``exp`` overflows (a large negative input,
+    or float16 beyond 11) became NaN; the fuzzer found it.
+    """
     if target.kind.name != "llvm":
         return target
     from forge_core.targets.parsing import target_config
 
     config = target_config(target)
-    config["fast-math"] = True
+    config.update({flag: True for flag in FAST_MATH_FLAGS})
     return tvm.target.Target(config)
 
 
@@ -153,4 +174,11 @@ def build(mod: tvm.IRModule, target: tvm.target.Target, opt_level: int,
         target = with_fast_math(target)
     with tvm.transform.PassContext(opt_level=opt_level):
         pipeline = build_pipeline(target, opt_level, tuning_database)
-        return tvm.compile(mod, target=target, relax_pipeline=pipeline)
+        take_failure()
+        try:
+            return tvm.compile(mod, target=target, relax_pipeline=pipeline)
+        except Exception:
+            failure = take_failure()  # TVM's pass infrastructure re-raises it as another type
+            if failure is not None:
+                raise failure from None
+            raise

@@ -65,7 +65,13 @@ class PointwiseConv2dNCHW(dlight.ScheduleRule):
             return None
 
         epilogue = split_epilogue(sch, conv)
-        if epilogue is not None:
+        if epilogue is None:
+            # The convolution writes the function's output. A tile of nv * lanes pixels may
+            # straddle rows, and a write-back over (y, x) would copy its bounding box: whole
+            # rows, most never computed. So the write-back is a copy block iterated over
+            # the fused pixel axis like any epilogue.
+            epilogue = sch.cache_write(conv, 0, "global")
+        else:
             out = sch.get(epilogue).writes[0].source
             if len(sch.get(epilogue).iter_vars) != 4 or [int(d) for d in out.shape] != [
                     int(d) for d in stmt.writes[0].source.shape]:
@@ -79,9 +85,8 @@ class PointwiseConv2dNCHW(dlight.ScheduleRule):
         sch.annotate(repack, PREPACK, True)
 
         # One pixel axis p = y * W + x, for the convolution and its epilogue.
-        if epilogue is not None:
-            sch.transform_layout(conv, ("write", 0), lambda a, b, c, d: (a, b, c * width + d))
-            sch.transform_block_layout(epilogue, lambda a, b, c, d: (a, b, c * width + d))
+        sch.transform_layout(conv, ("write", 0), lambda a, b, c, d: (a, b, c * width + d))
+        sch.transform_block_layout(epilogue, lambda a, b, c, d: (a, b, c * width + d))
         sch.transform_block_layout(conv, lambda a, b, c, d, e, g, h: (a, b, c * width + d, e, g, h))
         n, f, p, rc, ry, rx = sch.get_loops(conv)
         f_outer, f_inner = sch.split(f, [None, mf])

@@ -117,7 +117,35 @@ def pow_(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], conte
     return relax.op.astype(result, base_dtype)
 
 
+def _variadic(combine: Any) -> Any:
+    def convert(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
+                context: ConverterContext) -> relax.Expr:
+        """A chain of broadcasting binary ops over the inputs.
+
+        TVM's converter broadcasts every input to the output shape, stacks them
+        and reduces the stack: a copy of each input, and a ``stack`` that
+        ``ConvertLayout`` (``set_channel_layout``) cannot place.
+        """
+        result = inputs[0]
+        for other in inputs[1:]:
+            result = combine(result, other)
+        return result
+
+    return convert
+
+
+def mean(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], context: ConverterContext) -> relax.Expr:
+    """Mean(x0, ..., xn-1) = (x0 + ... + xn-1) / n, broadcasting."""
+    total = _variadic(relax.op.add)(bb, inputs, attrs, context)
+    if len(inputs) == 1:
+        return total
+    return relax.op.divide(total, relax.const(float(len(inputs)), str(inputs[0].ty.dtype)))
+
+
 CONVERTERS = {
+    "Max": _variadic(relax.op.maximum),
+    "Min": _variadic(relax.op.minimum),
+    "Mean": mean,
     "Pow": pow_,
     "Cosh": cosh,
     "Sinh": sinh,

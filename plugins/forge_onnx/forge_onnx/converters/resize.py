@@ -1,4 +1,5 @@
-"""Resize's opset-18 attributes ``axes`` and ``keep_aspect_ratio_policy``, which TVM's converter lacks.
+"""Resize's opset-18 attributes ``axes`` and ``keep_aspect_ratio_policy``, which TVM's converter lacks;
+and the nodes TVM would resize with other coordinates than ONNX, refused with the reason.
 
 Forge rewrites the node's scales, sizes and roi to cover every axis (as the
 specification defines), then lets TVM's converter do the resizing. A
@@ -24,8 +25,71 @@ def _values(expr: Any) -> np.ndarray | None:
     return array if array.size else None
 
 
+def _attr(attrs: dict[str, Any], name: str, default: str) -> str:
+    value = attrs.get(name, default)
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _same_nearest_pixels(size: int, scale: float, mode: str, nearest_mode: str) -> bool:
+    """Whether nearest-pixel resizing picks the same pixels with ONNX's scale and with TVM's size ratio."""
+    out = int(np.floor(size * scale))
+    x = np.arange(out, dtype=np.float64)
+
+    def pick(s: float) -> np.ndarray:
+        if mode == "asymmetric":
+            coord = x / s
+        elif mode == "tf_half_pixel_for_nn":
+            coord = (x + 0.5) / s
+        elif mode == "pytorch_half_pixel" and out == 1:
+            coord = np.zeros_like(x)
+        else:  # half_pixel, pytorch_half_pixel
+            coord = (x + 0.5) / s - 0.5
+        rounded = {"floor": np.floor(coord), "ceil": np.ceil(coord),
+                   "round_prefer_ceil": np.floor(coord + 0.5)}.get(nearest_mode, np.ceil(coord - 0.5))
+        return np.clip(rounded, 0, size - 1)
+
+    return out > 0 and bool(np.array_equal(pick(scale), pick(out / size)))
+
+
+def _refuse_what_tvm_maps_differently(inputs: list[Any], attrs: dict[str, Any]) -> None:
+    """Refuse the Resize nodes whose coordinates TVM would map otherwise than ONNX: wrong numbers, no error.
+
+    * ``align_corners`` to an output axis of size 1: TVM maps ``x * (in - 1) / (out - 1)`` and divides by zero.
+    * ``scales`` whose output size is not whole (15 x 0.5 = 7.5 gives 7): ONNX maps coordinates
+      with the given scale, TVM with the ratio of the sizes, 7/15 here.
+    """
+    mode = _attr(attrs, "coordinate_transformation_mode", "half_pixel")
+    in_dims = static_shape(inputs[0]) if len(inputs) and inputs[0] is not None else None
+    if in_dims is None:
+        return
+    padded = list(inputs) + [None] * (4 - len(inputs))
+    scales, sizes = _values(padded[2]), _values(padded[3])
+    if sizes is None and scales is not None and len(scales) == len(in_dims):
+        for axis, (d, scale) in enumerate(zip(in_dims, scales)):
+            exact = d * float(scale)
+            if mode not in ("align_corners", "tf_crop_and_resize") and abs(exact - round(exact)) > 1e-6 and not (
+                    _attr(attrs, "mode", "nearest") == "nearest"
+                    and _same_nearest_pixels(d, float(scale), mode, _attr(attrs, "nearest_mode", "round_prefer_floor"))):
+                raise ValueError(
+                    f"Resize by scale {float(scale):g} of axis {axis} (size {d}) gives {exact:g}, not a whole size: "
+                    f"ONNX maps coordinates with the scale and TVM with the ratio of the sizes, so the numbers "
+                    f"would differ; give the output size (`sizes`) instead"
+                )
+        sizes = [int(np.floor(d * s)) for d, s in zip(in_dims, scales)]
+    if mode != "align_corners" or sizes is None or len(sizes) != len(in_dims):
+        return
+    for axis in range(2, len(in_dims)):
+        if int(sizes[axis]) == 1:
+            raise ValueError(
+                f"Resize with coordinate_transformation_mode=align_corners to size 1 along axis {axis} "
+                f"(input size {in_dims[axis]}) is not supported: TVM's resize divides by (output size - 1)"
+            )
+
+
 def resize(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], context: ConverterContext) -> relax.Expr:
     """Resize with ``axes`` and ``keep_aspect_ratio_policy`` expanded to full-rank sizes."""
+    if not attrs.get("axes"):
+        _refuse_what_tvm_maps_differently(inputs, attrs)
     policy = attrs.get("keep_aspect_ratio_policy", b"stretch")
     policy = policy.decode() if isinstance(policy, bytes) else str(policy)
     axes = attrs.get("axes")

@@ -1,0 +1,253 @@
+"""Verification mode: every scheduled PrimFunc is checked against its unscheduled form.
+
+A schedule rewrites a PrimFunc's loops; it must not change what the function
+computes. A rule whose write-back covers more than its tile computed, or whose
+padding stage misses a border, gives wrong numbers with no error. In
+verification mode the compiler builds each function a schedule rule or a
+tuning record rewrote twice, as scheduled and as legalized (plain loop nests,
+the reference), runs both on the same random inputs and raises
+:class:`ScheduleVerificationError` naming the function, the rule and the
+largest difference at the first mismatch.
+
+It is on when the environment variable ``FORGE_VERIFY`` is ``1`` (the test
+suite sets it) or inside :func:`verifying` (``forge compile --verify``).
+
+Inputs: floats are standard normal; 8- and 16-bit integers uniform over their
+range; wider integers, which index (gather, take) or carry shapes, are 0 so that
+no index leaves its tensor. Every buffer the function writes starts as NaN (or
+a sentinel) in the scheduled run and as 0 in the reference run, so an element
+the schedule forgets to write is a mismatch too. A function is compared on the
+host CPU: the target itself when the host runs it, generic LLVM for a cross
+target (the schedule's loop structure is what is checked). GPU targets' functions
+and functions with symbolic shapes are not verified, and the log says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import get_root_block
+
+from forge_core.errors import CompilationError
+
+logger = logging.getLogger("forge.verify")
+
+ENV_VAR = "FORGE_VERIFY"
+# Largest difference allowed, relative to the largest magnitude in the reference output.
+TOLERANCE = {"float64": 1e-9, "float32": 1e-4, "float16": 1e-2, "bfloat16": 2e-2}
+_SEED = 20261123
+_forced = 0
+# (hash of the unscheduled function, hash of the scheduled one, target) already checked in this process.
+_verified: set[tuple[int, int, str]] = set()
+# The failure raised inside TVM's pass infrastructure, which re-raises it as another type.
+_failure = threading.local()
+
+
+class ScheduleVerificationError(CompilationError):
+    """A scheduled function computes something other than its unscheduled form."""
+
+    def __init__(self, function: str, rule: str, output: str, max_error: float, scale: float, tolerance: float):
+        self.function, self.rule, self.output = function, rule, output
+        self.max_error, self.scale, self.tolerance = max_error, scale, tolerance
+        super().__init__(
+            f"Schedule verification failed: function {function!r} as scheduled by {rule} differs from its "
+            f"unscheduled form in output {output!r}: max |error| {max_error:.6g}, max |reference| {scale:.6g}, "
+            f"allowed {tolerance:.3g}. This is a bug in the schedule rule; compile without it "
+            f"(opt_level or target) and report it."
+        )
+
+
+def _fail(error: ScheduleVerificationError) -> None:
+    _failure.error = error
+    raise error
+
+
+def take_failure() -> ScheduleVerificationError | None:
+    """The verification error raised in this thread since the last call, if any (for the compiler to re-raise)."""
+    error = getattr(_failure, "error", None)
+    _failure.error = None
+    return error
+
+
+def verification_enabled() -> bool:
+    """Whether compilation checks every scheduled function (``FORGE_VERIFY=1`` or :func:`verifying`)."""
+    return _forced > 0 or os.environ.get(ENV_VAR, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@contextlib.contextmanager
+def verifying() -> Iterator[None]:
+    """Turn verification mode on inside the ``with`` block, whatever ``FORGE_VERIFY`` says."""
+    global _forced
+    _forced += 1
+    try:
+        yield
+    finally:
+        _forced -= 1
+
+
+@dataclass
+class VerificationReport:
+    """What one verification pass checked: function names by outcome."""
+
+    verified: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+def _buffers(func: tirx.PrimFunc) -> tuple[set[int], set[str]]:
+    """The handles of the buffers any block of ``func`` writes, and the dtypes of every buffer a block touches.
+
+    ``func`` is unscheduled: all its computation is in blocks.
+    """
+    sch = s_tir.Schedule(func)
+    written: set[int] = set()
+    dtypes: set[str] = set()
+    pending = [get_root_block(sch)]
+    while pending:
+        block = pending.pop()
+        stmt = sch.get(block)
+        written.update(region.source.__chandle__() for region in stmt.writes)
+        dtypes.update(str(region.source.dtype) for region in (*stmt.reads, *stmt.writes))
+        pending.extend(sch.get_child_blocks(block))
+    return written, dtypes
+
+
+def _params(func: tirx.PrimFunc) -> list[tuple[str, tuple[int, ...], str, bool]] | None:
+    """(name, shape, dtype, written) of each buffer parameter; None when a shape is symbolic or a param is not a buffer."""
+    written, _ = _buffers(func)
+    result = []
+    for param in func.params:
+        if not isinstance(param, tirx.Buffer):
+            return None
+        if not all(isinstance(d, (int, tirx.IntImm)) for d in param.shape):
+            return None
+        result.append((str(param.name), tuple(int(d) for d in param.shape), str(param.dtype), param.__chandle__() in written))
+    return result
+
+
+def _random(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    kind = np.dtype(dtype).kind
+    if kind == "f":
+        return rng.standard_normal(shape).astype(dtype)
+    if kind == "b":
+        return rng.integers(0, 2, shape).astype(bool)
+    info = np.iinfo(dtype)
+    if info.bits <= 16:
+        return rng.integers(info.min, int(info.max) + 1, shape, dtype=dtype)
+    return np.zeros(shape, dtype)  # indices and shapes: 0 is in range of any non-empty axis
+
+
+def _fill(shape: tuple[int, ...], dtype: str, reference: bool) -> np.ndarray:
+    """The starting content of a written buffer: 0 for the reference run, NaN (or a sentinel) for the other."""
+    if reference:
+        return np.zeros(shape, dtype)
+    if np.dtype(dtype).kind == "f":
+        return np.full(shape, np.nan, dtype)
+    if np.dtype(dtype).kind == "b":
+        return np.ones(shape, bool)
+    return np.full(shape, np.iinfo(dtype).max // 3 + 7, dtype)
+
+
+def _host_target(target: tvm.target.Target) -> tvm.target.Target:
+    host = tvm.target.Target.from_device(tvm.cpu())
+    triple = str(target.attrs.get("mtriple", "") or "")
+    if not triple or triple == str(host.attrs.get("mtriple", "") or ""):
+        return target
+    return tvm.target.Target({"kind": "llvm"})
+
+
+def _build(func: tirx.PrimFunc, target: tvm.target.Target) -> tvm.runtime.Module:
+    func = func.with_attr("global_symbol", "main")
+    return tvm.compile(tvm.IRModule({"main": func}), target=target)
+
+
+def _run(func: tirx.PrimFunc, target: tvm.target.Target, inputs: list[np.ndarray],
+         params: list[tuple[str, tuple[int, ...], str, bool]], reference: bool) -> list[np.ndarray]:
+    library = _build(func, target)
+    device = tvm.cpu()
+    args = [tvm.runtime.tensor(_fill(shape, dtype, reference) if written else data, device)
+            for (_, shape, dtype, written), data in zip(params, inputs)]
+    library["main"](*args)
+    return [a.numpy() for a in args]
+
+
+def verify_function(name: str, rule: str, original: tirx.PrimFunc, scheduled: tirx.PrimFunc,
+                    target: tvm.target.Target) -> str | None:
+    """Check ``scheduled`` against ``original`` on random inputs; None when done, else why it was skipped.
+
+    Raises :class:`ScheduleVerificationError` at the first output that differs.
+    """
+    params = _params(original)
+    scheduled_params = _params(scheduled)
+    if params is None or scheduled_params is None:
+        return "symbolic shapes"
+    if any(p[2] not in TOLERANCE and not p[2].startswith(("int", "uint", "bool")) for p in params):
+        return "a buffer type numpy cannot hold"
+    if [p[1:3] for p in params] != [p[1:3] for p in scheduled_params]:
+        return "the schedule changed the function's signature"
+    host = _host_target(target)
+    key = (tvm_ffi.structural_hash(original, map_free_vars=True), tvm_ffi.structural_hash(scheduled, map_free_vars=True),
+           str(host))
+    if key in _verified:
+        return None
+    # A function that computes in float16 inside (set_float16 casts) is held to float16's tolerance.
+    tolerance = max((TOLERANCE.get(d, 0.0) for d in _buffers(original)[1]), default=0.0)
+    rng = np.random.default_rng(_SEED)
+    inputs = [_random(rng, shape, dtype) for _, shape, dtype, _ in params]
+    expected = _run(original, host, inputs, params, reference=True)
+    got = _run(scheduled, host, inputs, scheduled_params, reference=False)
+    for (buffer, _, dtype, written), want, have in zip(params, expected, got):
+        if not written:
+            continue
+        want64, have64 = want.astype(np.float64), have.astype(np.float64)
+        finite = np.isfinite(want64)
+        scale = float(np.abs(want64[finite]).max(initial=0.0))
+        # NaN where exactly one run has NaN, an infinity the other run lacks: unbounded error.
+        if not np.array_equal(want64[~finite], have64[~finite], equal_nan=True) or np.isnan(have64[finite]).any():
+            _fail(ScheduleVerificationError(name, rule, buffer, float("inf"), scale, 0.0))
+        error = float(np.abs(want64[finite] - have64[finite]).max(initial=0.0))
+        allowed = max(tolerance, TOLERANCE.get(dtype, 0.0)) * max(scale, 1.0)
+        if error > allowed:
+            _fail(ScheduleVerificationError(name, rule, buffer, error, scale, allowed))
+    _verified.add(key)
+    return None
+
+
+def verify_schedules(before: tvm.IRModule, after: tvm.IRModule, target: tvm.target.Target,
+                     default_rule: str) -> VerificationReport:
+    """Verify every PrimFunc of ``after`` that differs from the same function in ``before``.
+
+    The rule named is the function's ``forge.schedule_rule`` attribute, else ``default_rule``.
+    """
+    from forge_core.schedules.apply import RULE_ATTR
+
+    report = VerificationReport()
+    if target.kind.name != "llvm":
+        logger.info("verification runs CPU functions only; %s functions are not verified", target.kind.name)
+        return report
+    for gv, func in after.functions.items():
+        if not isinstance(func, tirx.PrimFunc) or gv not in before.functions:
+            continue
+        original = before[gv]
+        if not isinstance(original, tirx.PrimFunc) or func.same_as(original):
+            continue
+        rule = str(func.attrs[RULE_ATTR]) if func.attrs is not None and RULE_ATTR in func.attrs else default_rule
+        name = gv.name_hint
+        skipped = verify_function(name, rule, original, func, target)
+        if skipped is None:
+            report.verified.append(name)
+        else:
+            report.skipped[name] = skipped
+            logger.info("not verified: %s (%s): %s", name, rule, skipped)
+    if report.verified or report.skipped:
+        logger.info("verified %d scheduled function(s) against their unscheduled form; %d not verifiable",
+                    len(report.verified), len(report.skipped))
+    return report

@@ -1,0 +1,152 @@
+"""Verification mode, and the bare 1x1 convolution that computed wrong numbers without it.
+
+The suite runs with ``FORGE_VERIFY=1`` (conftest.py): every model it compiles has
+each scheduled function checked against its unscheduled form.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import tvm
+from model_factory import make_model
+from onnx import TensorProto, helper, numpy_helper
+from tvm import te
+from tvm.script import tirx as T
+
+import forge
+from forge_core.compiler.compile import compile_to_function
+from forge_core.hookspecs import hookimpl
+from forge_core.plugin_manager import get_plugin_manager
+from forge_core.schedules.apply import RULE_ATTR, SCHEDULED_ATTR
+from forge_core.schedules.verify import ScheduleVerificationError, verification_enabled, verify_function, verifying
+
+RNG = np.random.default_rng(11)
+FORGE = str(Path(sys.executable).with_name("forge"))
+
+
+def bare_pointwise(channels_in: int, channels_out: int, size: int) -> onnx.ModelProto:
+    """One bias-free 1x1 Conv whose own block writes the model output (nothing fused after it)."""
+    w = (RNG.standard_normal((channels_out, channels_in, 1, 1)) * 0.1).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "w"], ["y"], name="conv")
+    return make_model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels_in, size, size])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels_out, size, size])],
+                      [numpy_helper.from_array(w, "w")])
+
+
+def ort_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+@pytest.mark.parametrize("channels_in, channels_out, size", [(96, 24, 40), (16, 24, 56), (24, 48, 80), (32, 16, 20),
+                                                              (40, 8, 7)])
+@pytest.mark.parametrize("opt_level", [0, 3])
+def test_bare_pointwise_conv_matches_onnxruntime(channels_in, channels_out, size, opt_level):
+    # The register tile holds 2-3 vectors of 16 pixels and straddles the 40-, 56- and 80-pixel
+    # rows: the write-back used to copy whole rows of the tile's bounding box, most never computed.
+    model = bare_pointwise(channels_in, channels_out, size)
+    x = RNG.standard_normal((1, channels_in, size, size)).astype(np.float32)
+    (expected,) = ort_run(model, {"x": x})
+    run = compile_to_function(forge.from_onnx(model), opt_level=opt_level)
+    np.testing.assert_allclose(run(x), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_the_suite_runs_in_verification_mode():
+    assert os.environ.get("FORGE_VERIFY") == "1" and verification_enabled()
+
+
+@T.prim_func(s_tir=True)
+def _add_reference(a: T.Buffer((4, 16), "float32"), b: T.Buffer((4, 16), "float32"),
+                   out: T.Buffer((4, 16), "float32")):
+    for i, j in T.grid(4, 16):
+        with T.sblock("add"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            out[vi, vj] = a[vi, vj] + b[vi, vj]
+
+
+@T.prim_func(s_tir=True)
+def _add_missing_last_row(a: T.Buffer((4, 16), "float32"), b: T.Buffer((4, 16), "float32"),
+                          out: T.Buffer((4, 16), "float32")):
+    for i, j in T.grid(3, 16):
+        with T.sblock("add"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            out[vi, vj] = a[vi, vj] + b[vi, vj]
+
+
+def test_an_output_element_the_schedule_never_writes_is_a_mismatch():
+    # Both runs see the same inputs; the scheduled run's output starts as NaN, so an
+    # unwritten element cannot pass for the reference's value.
+    with pytest.raises(ScheduleVerificationError, match=r"'add_fn' as scheduled by Broken .*output 'out'"):
+        verify_function("add_fn", "Broken", _add_reference, _add_missing_last_row, tvm.target.Target("llvm"))
+    assert verify_function("add_fn", "Same", _add_reference, _add_reference, tvm.target.Target("llvm")) is None
+
+
+class _SubtractInsteadOfAdd:
+    """A third-party schedule pass with a bug: it replaces every ``add`` function by a subtraction."""
+
+    @staticmethod
+    def wrong_schedule(mod: tvm.IRModule, context) -> tvm.IRModule:
+        result = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+        for gv, func in mod.functions.items():
+            if isinstance(func, tvm.tirx.PrimFunc) and gv.name_hint == "add":
+                a, b, _ = func.params
+                x = te.placeholder([int(d) for d in a.shape], a.dtype, "x")
+                y = te.placeholder([int(d) for d in b.shape], b.dtype, "y")
+                z = te.compute(x.shape, lambda *i: x(*i) - y(*i), name="sub")
+                result[gv] = te.create_prim_func([x, y, z]).with_attr(SCHEDULED_ATTR, True).with_attr(
+                    RULE_ATTR, "SubtractRule")
+        return result
+
+    @hookimpl
+    def register_passes(self, register):
+        register("subtract_schedule", self.wrong_schedule, stage="schedule", description="a wrong schedule")
+
+
+def test_a_wrong_third_party_schedule_fails_the_compile(fresh_plugins, tmp_path, caplog):
+    manager = get_plugin_manager()
+    manager.register(_SubtractInsteadOfAdd(), "subtract-plugin")
+    model = make_model([helper.make_node("Add", ["a", "b"], ["y"], name="add")],
+                       [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 8]) for n in ("a", "b")],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])])
+    with pytest.raises(ScheduleVerificationError) as info:
+        forge.from_onnx(model).compile(output_path=tmp_path / "a", opt_level=0)
+    error = info.value
+    assert (error.function, error.rule, error.output) == ("add", "SubtractRule", "T_add")
+    assert error.max_error > 1 and "SubtractRule" in str(error)
+    assert not (tmp_path / "a").exists()  # nothing half-written
+
+
+def test_verification_reports_what_it_checked(tmp_path, caplog):
+    model = bare_pointwise(16, 24, 40)
+    with caplog.at_level(logging.INFO, logger="forge.verify"):
+        forge.from_onnx(model).compile(output_path=tmp_path / "a")
+    assert any("verified 1 scheduled function" in r.getMessage() for r in caplog.records)
+
+
+def test_verifying_context_turns_it_on(monkeypatch):
+    monkeypatch.delenv("FORGE_VERIFY")
+    assert not verification_enabled()
+    with verifying():
+        assert verification_enabled()
+    assert not verification_enabled()
+
+
+def test_cli_compile_verify(tmp_path):
+    path = tmp_path / "m.onnx"
+    onnx.save(bare_pointwise(16, 24, 40), str(path))
+    env = {k: v for k, v in os.environ.items() if k != "FORGE_VERIFY"}
+    done = subprocess.run([FORGE, "--debug", "compile", str(path), "-o", str(tmp_path / "a"), "--verify"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "forge.verify: verified 1 scheduled function" in done.stderr
+    done = subprocess.run([FORGE, "--debug", "compile", str(path), "-o", str(tmp_path / "b")],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0 and "forge.verify" not in done.stderr
