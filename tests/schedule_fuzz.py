@@ -152,8 +152,8 @@ def _conv_case(rng: np.random.Generator, b: _Builder, case: Case, dims: int, tra
     if transpose:
         pads = [int(rng.integers(0, e)) for e in eff for _ in range(2)]
         pads = pads[0::2] + pads[1::2]
-        output_padding = [int(rng.integers(0, max(s, d))) if rng.random() < 0.3 else 0
-                          for s, d in zip(strides, dilations)]
+        output_padding = [int(rng.integers(0, s)) if rng.random() < 0.3 else 0
+                          for s in strides]
         out = [s * (i - 1) + op + e - pads[k] - pads[k + dims]
                for k, (s, i, op, e) in enumerate(zip(strides, spatial, output_padding, eff))]
         if min(out) < 1:
