@@ -1,11 +1,16 @@
 """CPU latency of Forge against onnxruntime and torch eager, on three models, in one run.
 
     .venv/bin/python benchmarks/cpu_latency.py [--models resnet50,mobilenetv2,bert6] [--tune-minutes 30]
+    .venv/bin/python benchmarks/cpu_latency.py --models dbnet,vad
 
 Models, batch 1, threads = cores:
 * resnet50: the ONNX ResNet-50 shipped in the onnx wheel (light_resnet50.onnx);
 * mobilenetv2: MobileNetV2 built in torch (benchmarks/models.py), 224x224;
 * bert6: a 6-layer BERT-style encoder built in torch: hidden 384, 12 heads, sequence 128.
+
+Not in the default set (``--models dbnet,vad``), built in torch:
+* dbnet: a DBNet-style text detector (MobileNetV3 x0.5, FPN neck, ConvTranspose head), 640x640;
+* vad: a Silero-style voice-activity detector (conv1d per frame, LSTM over frames), 8 frames of 576 samples.
 
 Every engine is timed in a process of its own (benchmarks/timing_worker.py):
 Forge's artifact through the light runtime, onnxruntime on the same ONNX
@@ -36,7 +41,7 @@ import forge
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from models import BertEncoder, MobileNetV2, randomized  # noqa: E402
+from models import BertEncoder, DBNet, MobileNetV2, VoiceActivity, randomized  # noqa: E402
 
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 
@@ -98,6 +103,12 @@ def build_cases(names: list[str], work: Path) -> list[Case]:
             model = randomized(BertEncoder(), seed=2)
             ids = torch.randint(0, 30522, (1, 128), generator=torch.Generator().manual_seed(0))
             cases.append(_torch_case(name, model, ids, "input_ids", work))
+        elif name == "dbnet":
+            model = randomized(DBNet(), seed=3)
+            cases.append(_torch_case(name, model, torch.rand(1, 3, 640, 640), "image", work))
+        elif name == "vad":
+            model = randomized(VoiceActivity(), seed=4)
+            cases.append(_torch_case(name, model, torch.randn(1, 8, 576) * 0.1, "audio", work))
         else:
             raise SystemExit(f"unknown model {name!r}")
     return cases

@@ -91,6 +91,148 @@ class BertEncoder(nn.Module):
         return x
 
 
+def _make_divisible(value: float, divisor: int = 8) -> int:
+    rounded = max(divisor, int(value + divisor / 2) // divisor * divisor)
+    return rounded + divisor if rounded < 0.9 * value else rounded
+
+
+class SqueezeExcite(nn.Module):
+    def __init__(self, channels: int, reduction: int = 4) -> None:
+        super().__init__()
+        squeezed = _make_divisible(channels / reduction)
+        self.reduce = nn.Conv2d(channels, squeezed, 1)
+        self.expand = nn.Conv2d(squeezed, channels, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = nn.functional.adaptive_avg_pool2d(x, 1)
+        return x * nn.functional.hardsigmoid(self.expand(torch.relu(self.reduce(scale))))
+
+
+class MobileNetV3Block(nn.Module):
+    def __init__(self, cin: int, hidden: int, cout: int, kernel: int, stride: int, se: bool, hswish: bool) -> None:
+        super().__init__()
+        act: type[nn.Module] = nn.Hardswish if hswish else nn.ReLU
+        layers: list[nn.Module] = []
+        if hidden != cin:
+            layers += [nn.Conv2d(cin, hidden, 1, bias=False), nn.BatchNorm2d(hidden), act()]
+        layers += [nn.Conv2d(hidden, hidden, kernel, stride, kernel // 2, groups=hidden, bias=False),
+                   nn.BatchNorm2d(hidden), act()]
+        if se:
+            layers.append(SqueezeExcite(hidden))
+        layers += [nn.Conv2d(hidden, cout, 1, bias=False), nn.BatchNorm2d(cout)]
+        self.body = nn.Sequential(*layers)
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.body(x) if self.residual else self.body(x)
+
+
+class MobileNetV3Backbone(nn.Module):
+    """MobileNetV3-large (Howard et al. 2019) feature extractor: maps at strides 4, 8, 16 and 32."""
+
+    # kernel, expansion, output channels, squeeze-excite, hard-swish, stride; a feature map after each stage.
+    STAGES = [
+        [(3, 16, 16, False, False, 1), (3, 64, 24, False, False, 2), (3, 72, 24, False, False, 1)],
+        [(5, 72, 40, True, False, 2), (5, 120, 40, True, False, 1), (5, 120, 40, True, False, 1)],
+        [(3, 240, 80, False, True, 2), (3, 200, 80, False, True, 1), (3, 184, 80, False, True, 1),
+         (3, 184, 80, False, True, 1), (3, 480, 112, True, True, 1), (3, 672, 112, True, True, 1)],
+        [(5, 672, 160, True, True, 2), (5, 960, 160, True, True, 1), (5, 960, 160, True, True, 1)],
+    ]
+
+    def __init__(self, scale: float = 0.5) -> None:
+        super().__init__()
+        cin = _make_divisible(16 * scale)
+        self.stem = nn.Sequential(nn.Conv2d(3, cin, 3, 2, 1, bias=False), nn.BatchNorm2d(cin), nn.Hardswish())
+        self.stages = nn.ModuleList()
+        self.out_channels: list[int] = []
+        for i, stage in enumerate(self.STAGES):
+            blocks: list[nn.Module] = []
+            for kernel, expansion, cout, se, hswish, stride in stage:
+                hidden, cout = _make_divisible(expansion * scale), _make_divisible(cout * scale)
+                blocks.append(MobileNetV3Block(cin, hidden, cout, kernel, stride, se, hswish))
+                cin = cout
+            if i == len(self.STAGES) - 1:
+                last = _make_divisible(960 * scale)
+                blocks += [nn.Conv2d(cin, last, 1, bias=False), nn.BatchNorm2d(last), nn.Hardswish()]
+                cin = last
+            self.stages.append(nn.Sequential(*blocks))
+            self.out_channels.append(cin)
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        x = self.stem(x)
+        features = []
+        for stage in self.stages:
+            x = stage(x)
+            features.append(x)
+        return features
+
+
+class DBNet(nn.Module):
+    """A DBNet-style text detector (Liao et al. 2020), as PaddleOCR's mobile detector builds it.
+
+    MobileNetV3-large x0.5 backbone; FPN neck: bias-free 1x1 convolutions to
+    96 channels, nearest upsampling and adds top-down, bias-free 3x3
+    convolutions to 24 channels, every level upsampled to stride 4 and
+    concatenated; probability head: 3x3 convolution, then two stride-2
+    ConvTranspose (kernel 2) back to the input's size, then a sigmoid.
+    """
+
+    def __init__(self, neck: int = 96) -> None:
+        super().__init__()
+        self.backbone = MobileNetV3Backbone()
+        self.lateral = nn.ModuleList(nn.Conv2d(c, neck, 1, bias=False) for c in self.backbone.out_channels)
+        self.smooth = nn.ModuleList(nn.Conv2d(neck, neck // 4, 3, padding=1, bias=False)
+                                    for _ in self.backbone.out_channels)
+        quarter = neck // 4
+        self.head = nn.Sequential(
+            nn.Conv2d(neck, quarter, 3, padding=1, bias=False), nn.BatchNorm2d(quarter), nn.ReLU(),
+            nn.ConvTranspose2d(quarter, quarter, 2, 2), nn.BatchNorm2d(quarter), nn.ReLU(),
+            nn.ConvTranspose2d(quarter, 1, 2, 2), nn.Sigmoid())
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        c2, c3, c4, c5 = (conv(f) for conv, f in zip(self.lateral, self.backbone(image)))
+        up = nn.functional.interpolate
+        p4 = c4 + up(c5, scale_factor=2.0, mode="nearest")
+        p3 = c3 + up(p4, scale_factor=2.0, mode="nearest")
+        p2 = c2 + up(p3, scale_factor=2.0, mode="nearest")
+        levels = [conv(p) for conv, p in zip(self.smooth, (p2, p3, p4, c5))]
+        fused = torch.cat([levels[0]] + [up(level, scale_factor=float(2 ** i), mode="nearest")
+                                         for i, level in enumerate(levels[1:], start=1)], dim=1)
+        return self.head(fused)
+
+
+class VoiceActivity(nn.Module):
+    """A voice-activity detector in the style of Silero VAD: conv1d over each frame's samples, LSTM over frames.
+
+    Input ``[1, frames, 576]`` (512 new samples and 64 of context at 16 kHz);
+    each frame: a learned STFT (conv1d, kernel 256, stride 128, 129 bins of
+    real and imaginary parts) and its magnitude, then four conv1d+ReLU layers
+    (two at stride 2) down to 128 features; an LSTM over the frames, then a
+    linear layer and a sigmoid: ``[1, frames, 1]`` speech probabilities.
+    """
+
+    def __init__(self, samples: int = 576, bins: int = 129, hidden: int = 128) -> None:
+        super().__init__()
+        self.samples, self.bins = samples, bins
+        self.stft = nn.Conv1d(1, 2 * bins, 256, stride=128, padding=64, bias=False)
+        self.encoder = nn.Sequential(
+            nn.Conv1d(bins, 128, 3, padding=1), nn.ReLU(),
+            nn.Conv1d(128, 64, 3, stride=2, padding=1), nn.ReLU(),
+            nn.Conv1d(64, 64, 3, stride=2, padding=1), nn.ReLU(),
+            nn.Conv1d(64, hidden, 3, padding=1), nn.ReLU())
+        self.lstm = nn.LSTM(hidden, hidden, batch_first=True)
+        self.decoder = nn.Linear(hidden, 1)
+
+    def forward(self, audio: torch.Tensor) -> torch.Tensor:
+        batch, frames, _ = audio.shape
+        spectrum = self.stft(audio.reshape(batch * frames, 1, self.samples))
+        real, imag = spectrum[:, :self.bins], spectrum[:, self.bins:]
+        features = self.encoder(torch.sqrt(real * real + imag * imag))
+        features = features.mean(dim=2).reshape(batch, frames, -1)
+        hidden, _ = self.lstm(features)
+        return torch.sigmoid(self.decoder(torch.relu(hidden)))
+
+
 def randomized(model: nn.Module, seed: int = 0) -> nn.Module:
     """Random weights and non-trivial batch-norm statistics, in eval mode."""
     torch.manual_seed(seed)

@@ -66,7 +66,7 @@ def test_builtins_and_the_onnx_plugin_are_listed(fresh_plugins):
     onnx_plugin = plugins["onnx"]
     assert onnx_plugin.distribution == "forge-onnx"
     assert onnx_plugin.version == "0.1.0"
-    assert onnx_plugin.hooks == ("register_converters", "register_frontends")
+    assert onnx_plugin.hooks == ("register_converters", "register_frontends", "register_passes")
     assert not onnx_plugin.builtin
     # Built-ins register before external plugins.
     names = [p.name for p in forge.list_plugins()]

@@ -17,11 +17,23 @@ Rules, most specific first:
   residual add, relu, clip) write each tile back.
 * :class:`GroupedConv2dNCHW`: depthwise and grouped convolutions, vectorized
   along the output row, padding computed per channel plane.
+* :class:`ConvTransposeNCHW`: transposed convolutions (1D, 2D, any groups),
+  rebuilt as a gather split by output phase (TOPI multiplies a zero-inserted
+  input: ``s**2`` times the work), tiled by pixels or by channels.
+* :class:`ConvNCX` and :class:`GroupedConvNCX`: conv1d and conv3d (groups=1:
+  Conv2dNCHW's tile, also across images for short rows, output channels padded
+  to whole vectors when none divides them; grouped and depthwise: rows
+  vectorized in registers).
+* :class:`WindowPoolNCX`: max and average pooling in 1 to 3 dimensions,
+  parallel over channel planes, rows vectorized.
 * :class:`Matmul`: dense, matmul and batch matmul; register tile of up to 8
   rows by several vectors of columns, constant right-hand sides repacked.
 * :class:`WholeTensorReduction`: a softmax or normalization over a single
   row (a classifier's ``[1, 1000]``), stage by stage, spatial stages vectorized.
-* TVM's ``dlight.cpu.Reduction``: softmax, layer norm, pooling to one value.
+* :class:`PlaneReduction`: a sum, max or min over an input's trailing axes
+  (global pooling, squeeze-and-excite means), planes in parallel, each
+  reduced by vectors of partial sums.
+* TVM's ``dlight.cpu.Reduction``: softmax, layer norm, other reductions.
 * :class:`Elementwise`: injective chains, inlined, parallel and vectorized.
 * :class:`Generic`: anything else, parallel over its leading spatial loops.
   Functions it takes are reported as fallbacks.

@@ -12,10 +12,14 @@ from tvm.s_tir import dlight
 
 from forge_core.schedules.blocks import blocks
 from forge_core.schedules.conv2d import PREPACK, Conv2dNCHW
+from forge_core.schedules.conv_nd import ConvNCX, GroupedConvNCX
+from forge_core.schedules.conv_transpose import ConvTransposeNCHW
 from forge_core.schedules.elementwise import Elementwise, Generic
 from forge_core.schedules.grouped_conv2d import GroupedConv2dNCHW
 from forge_core.schedules.matmul import Matmul
+from forge_core.schedules.plane_reduction import PlaneReduction
 from forge_core.schedules.pointwise_conv2d import PointwiseConv2dNCHW
+from forge_core.schedules.pool import WindowPoolNCX
 from forge_core.schedules.reduction import WholeTensorReduction
 
 logger = logging.getLogger("forge.schedule")
@@ -27,7 +31,8 @@ FALLBACK_RULES = ("Generic",)
 
 def default_rules() -> list[dlight.ScheduleRule]:
     """Forge's CPU rules, most specific first."""
-    return [PointwiseConv2dNCHW(), Conv2dNCHW(), GroupedConv2dNCHW(), Matmul(), WholeTensorReduction(),
+    return [PointwiseConv2dNCHW(), Conv2dNCHW(), GroupedConv2dNCHW(), ConvTransposeNCHW(), ConvNCX(),
+            GroupedConvNCX(), WindowPoolNCX(), Matmul(), WholeTensorReduction(), PlaneReduction(),
             dlight.cpu.Reduction(), Elementwise(), Generic()]
 
 

@@ -24,7 +24,7 @@ from forge_core.compiler.options import CompileOptions
 from forge_core.compiler.pipeline import lower_to_tir, prepare_graph
 from forge_core.errors import ForgeError
 from forge_core.ir import weights
-from forge_core.schedules.apply import default_rules
+from forge_core.schedules.apply import SCHEDULED_ATTR, default_rules
 from forge_core.schedules.blocks import is_static
 from forge_core.targets.parsing import resolve_target
 from forge_core.tuning.builder import build_candidate
@@ -206,8 +206,9 @@ def tune_module(
 
     mod = prepare_graph(weights.bind_params(ir.mod, ir.params), options)
     mod = lower_to_tir(mod, tvm_target, options.opt_level)
+    # A function its emitter already scheduled (tirx.is_scheduled: a hand-written kernel) is not a task.
     extracted = [t for t in ms.relax_integration.extract_tasks(mod, tvm_target)
-                 if is_static(t.dispatched[0]["main"])]
+                 if SCHEDULED_ATTR not in (t.dispatched[0]["main"].attrs or {}) and is_static(t.dispatched[0]["main"])]
     logger.info("%d tunable tasks", len(extracted))
 
     builder = ms.builder.LocalBuilder(f_build=build_candidate)

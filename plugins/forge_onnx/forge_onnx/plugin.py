@@ -25,3 +25,15 @@ def register_converters(register: Callable[..., None]) -> None:
 
     for op_type, convert in catalog.all_converters().items():
         register("onnx", op_type, convert, description=convert.__doc__.splitlines()[0] if convert.__doc__ else "")
+
+
+def _recurrent_kernels(*args: Any, **kwargs: Any) -> Any:
+    from forge_onnx.recurrent_schedules import recurrent_kernels
+
+    return recurrent_kernels(*args, **kwargs)
+
+
+@hookimpl
+def register_passes(register: Callable[..., None]) -> None:
+    register("recurrent_kernels", _recurrent_kernels, stage="schedule",
+             description="RNN/GRU/LSTM kernels rebuilt for the target: registers, cores, GPU")

@@ -1,252 +1,280 @@
-"""RNN, GRU and LSTM, unrolled over a static sequence length.
+"""RNN, GRU and LSTM: one matrix product for the input projection, then one kernel for the whole sequence.
 
-ONNX's layouts, gate orders (GRU ``zrh``, LSTM ``iofc``), directions
-(forward, reverse, bidirectional), activations with their alpha/beta, ``clip``,
-LSTM peepholes and ``input_forget``, GRU ``linear_before_reset``, initial
-states, and ``sequence_lens`` (forward direction) follow the specification.
+ONNX's layouts (``layout`` 0 and 1), gate orders (GRU ``zrh``, LSTM ``iofc``),
+directions (forward, reverse, bidirectional), activations with their
+alpha/beta, ``clip``, LSTM peepholes and ``input_forget``, GRU
+``linear_before_reset``, initial states, ``sequence_lens`` (every direction)
+and the outputs ``Y``, ``Y_h``, ``Y_c`` follow the specification.
+
+The graph a node becomes:
+
+* ``X W^T + Wb (+ Rb)`` for every time step, gate and direction at once: one
+  ``matmul`` and one ``add`` (which fuse), with ``W`` and the biases
+  rearranged into the kernel's tile order (constants fold at import);
+* one ``call_tir`` of the kernel (``recurrent_kernel.py``) that runs every
+  step: ``H R^T``, the gates and the state update, tile by tile;
+* ``permute_dims`` for ``layout`` 1.
+
+float32 and float64 compute in their own type; float16 computes in float32.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import tvm
 from tvm import relax
 
 from forge_onnx.converters import ConverterContext
+from forge_onnx.converters.recurrent_kernel import LANES, RecurrentCell, build_kernel
+from forge_onnx.converters.recurrent_math import activations
 from forge_onnx.converters.shapes import static_shape
 
-Activation = Callable[[relax.Expr], relax.Expr]
+DEFAULT_ACTIVATIONS = {"rnn": ["Tanh"], "gru": ["Sigmoid", "Tanh"], "lstm": ["Sigmoid", "Tanh", "Tanh"]}
+_COMPUTE_DTYPE = {"float16": "float32", "float32": "float32", "float64": "float64"}
 
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _activation(name: str, alpha: float | None, beta: float | None, dtype: str) -> Activation:
-    c = lambda v: relax.const(float(v), dtype)  # noqa: E731
-    name = name.lower()
-    if name == "sigmoid":
-        return relax.op.sigmoid
-    if name == "tanh":
-        return relax.op.tanh
-    if name == "relu":
-        return relax.op.nn.relu
-    if name == "hardsigmoid":
-        a, b = (0.2 if alpha is None else alpha), (0.5 if beta is None else beta)
-        return lambda x: relax.op.clip(relax.op.add(relax.op.multiply(c(a), x), c(b)), 0.0, 1.0)
-    if name == "leakyrelu":
-        return lambda x: relax.op.nn.leakyrelu(x, 0.01 if alpha is None else alpha)
-    if name == "affine":
-        return lambda x: relax.op.add(relax.op.multiply(c(alpha or 1.0), x), c(beta or 0.0))
-    if name == "scaledtanh":
-        return lambda x: relax.op.multiply(c(alpha or 1.0), relax.op.tanh(relax.op.multiply(c(beta or 1.0), x)))
-    if name == "softsign":
-        return lambda x: relax.op.divide(x, relax.op.add(c(1.0), relax.op.abs(x)))
-    if name == "softplus":
-        return lambda x: relax.op.log(relax.op.add(c(1.0), relax.op.exp(x)))
-    if name == "elu":
-        a = 1.0 if alpha is None else alpha
-        return lambda x: relax.op.where(relax.op.greater(x, c(0)), x,
-                                        relax.op.multiply(c(a), relax.op.subtract(relax.op.exp(x), c(1.0))))
-    raise ValueError(f"unsupported recurrent activation {name!r}")
+def _given(inputs: list[Any], index: int) -> Any | None:
+    """Optional input ``index``, or None when the node omits it."""
+    return inputs[index] if len(inputs) > index and inputs[index] is not None else None
 
 
-def _activations(attrs: dict[str, Any], defaults: list[str], directions: int, dtype: str) -> list[list[Activation]]:
-    names = [_text(n) for n in attrs.get("activations", [])] or defaults * directions
-    alphas = list(attrs.get("activation_alpha", [])) + [None] * len(names)
-    betas = list(attrs.get("activation_beta", [])) + [None] * len(names)
-    functions = [_activation(n, a, b, dtype) for n, a, b in zip(names, alphas, betas)]
-    per = len(defaults)
-    return [functions[d * per:(d + 1) * per] for d in range(directions)]
+@dataclass
+class _Node:
+    """One recurrent node's operands, in ``layout`` 0 and the kernel's compute type."""
+
+    kind: str
+    x: relax.Expr
+    w: relax.Expr
+    r: relax.Expr
+    bias: relax.Expr | None
+    lengths: relax.Expr | None
+    initial_h: relax.Expr | None
+    initial_c: relax.Expr | None
+    peepholes: relax.Expr | None
+    cell: RecurrentCell
+    dtype: str
+    """The node's own type (float16 outputs are cast back)."""
+    layout: int
 
 
-def _index(bb: relax.BlockBuilder, x: relax.Expr, i: int, axis: int = 0) -> relax.Expr:
-    return bb.emit(relax.op.squeeze(relax.op.strided_slice(x, axes=[axis], begin=[i], end=[i + 1]), axis=[axis]))
+def _read(bb: relax.BlockBuilder, kind: str, inputs: list[Any], attrs: dict[str, Any]) -> _Node:
+    x, w, r = inputs[0], inputs[1], inputs[2]
+    dtype = str(x.ty.dtype)
+    if dtype not in _COMPUTE_DTYPE:
+        raise ValueError(f"recurrent operators take float16, float32 or float64, not {dtype}")
+    compute = _COMPUTE_DTYPE[dtype]
+    layout = int(attrs.get("layout", 0))
+    if layout not in (0, 1):
+        raise ValueError(f"layout must be 0 or 1, given {layout}")
+
+    def operand(value: relax.Expr | None, batch_first: bool = False) -> relax.Expr | None:
+        if value is None:
+            return None
+        if batch_first and layout == 1:
+            value = _permuted(bb, value, [1, 0, 2])
+        if str(value.ty.dtype) == compute:
+            return value
+        return _apply(bb, [value], lambda a: a.astype(compute), lambda e: relax.op.astype(e, compute))
+
+    x = operand(x, batch_first=True)
+    shape = static_shape(x)
+    if shape is None:
+        raise ValueError("recurrent operators need a static input shape")
+    seq, batch, _ = shape
+    r_shape = static_shape(r)
+    if r_shape is None:
+        raise ValueError("recurrent operators need a static R shape")
+    hidden = int(attrs["hidden_size"]) if "hidden_size" in attrs else r_shape[-1]
+    direction = _text(attrs.get("direction", "forward"))
+    reverse = {"forward": (False,), "reverse": (True,), "bidirectional": (False, True)}.get(direction)
+    if reverse is None:
+        raise ValueError(f"unknown direction {direction!r}")
+    names = [_text(n) for n in attrs.get("activations", [])] or DEFAULT_ACTIVATIONS[kind] * len(reverse)
+    per = len(DEFAULT_ACTIVATIONS[kind])
+    if len(names) != per * len(reverse):
+        raise ValueError(f"{kind.upper()} takes {per} activations per direction, given {len(names)}")
+    functions = activations(names, list(attrs.get("activation_alpha", [])), list(attrs.get("activation_beta", [])))
+    lengths = _given(inputs, 4)
+    if lengths is not None:
+        lengths = bb.emit(relax.op.astype(lengths, "int32"))
+    initial_h, initial_c = operand(_given(inputs, 5), True), operand(_given(inputs, 6), True)
+    peepholes = operand(_given(inputs, 7)) if kind == "lstm" else None
+    clip = attrs.get("clip")
+    cell = RecurrentCell(
+        kind=kind, seq=seq, batch=batch, hidden=hidden, reverse=reverse,
+        activations=tuple(tuple(functions[d * per:(d + 1) * per]) for d in range(len(reverse))),
+        clip=None if clip is None else float(clip),
+        linear_before_reset=kind == "gru" and bool(attrs.get("linear_before_reset", 0)),
+        input_forget=kind == "lstm" and bool(attrs.get("input_forget", 0)),
+        peepholes=peepholes is not None, lengths=lengths is not None,
+        initial_h=initial_h is not None, initial_c=initial_c is not None, dtype=compute,
+    )
+    node = _Node(kind, x, operand(w), operand(r), operand(_given(inputs, 3)), lengths, initial_h, initial_c,
+                 peepholes, cell, dtype, layout)
+    _check_shapes(node, shape[2])
+    return node
 
 
-def _split(bb: relax.BlockBuilder, x: relax.Expr, parts: int) -> list[relax.Expr]:
-    pieces = bb.emit(relax.op.split(x, parts, axis=-1))
-    return [bb.emit(relax.TupleGetItem(pieces, i)) for i in range(parts)]
+def _check_shapes(node: _Node, inputs: int) -> None:
+    """Every operand's shape as ONNX defines it from ``hidden_size``, the directions and X: else ValueError."""
+    cell = node.cell
+    dirs, gates, hidden = cell.directions, cell.gates, cell.hidden
+    expected = {"W": (node.w, [dirs, gates * hidden, inputs]), "R": (node.r, [dirs, gates * hidden, hidden]),
+                "B": (node.bias, [dirs, 2 * gates * hidden]), "sequence_lens": (node.lengths, [cell.batch]),
+                "initial_h": (node.initial_h, [dirs, cell.batch, hidden]),
+                "initial_c": (node.initial_c, [dirs, cell.batch, hidden]), "P": (node.peepholes, [dirs, 3 * hidden])}
+    for name, (value, want) in expected.items():
+        if value is not None and static_shape(value) != want:
+            given = static_shape(value)
+            raise ValueError(f"{node.kind.upper()} input {name} has shape {given if given is not None else 'dynamic'}"
+                             f", expected {want} (layout 0) for hidden_size {hidden} and {dirs} direction(s)")
 
 
-class _Setup:
-    """What every recurrent operator reads the same way."""
+def _constant(value: relax.Expr) -> np.ndarray | None:
+    return value.value.numpy() if isinstance(value, tvm.ir.GenericConst) else None
 
-    def __init__(self, bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], gates: int) -> None:
-        self.bb = bb
-        x, w, r = inputs[0], inputs[1], inputs[2]
-        self.dtype = str(x.ty.dtype)
-        self.layout = int(attrs.get("layout", 0))
-        if self.layout == 1:
-            x = bb.emit(relax.op.permute_dims(x, [1, 0, 2]))
-        shape = static_shape(x)
-        if shape is None:
-            raise ValueError("recurrent operators need a static input shape")
-        self.seq, self.batch, _ = shape
-        self.hidden = int(attrs["hidden_size"]) if "hidden_size" in attrs else static_shape(r)[-1]
-        self.direction = _text(attrs.get("direction", "forward"))
-        self.directions = 2 if self.direction == "bidirectional" else 1
-        self.clip = attrs.get("clip")
-        self.x, self.w, self.r, self.gates = x, w, r, gates
-        self.bias = inputs[3] if len(inputs) > 3 else None
-        self.lengths = inputs[4] if len(inputs) > 4 else None
-        self.initial = [inputs[i] if len(inputs) > i else None for i in (5, 6)]
-        if self.lengths is not None and self.direction != "forward":
-            raise ValueError("sequence_lens is supported for the forward direction only")
 
-    def const(self, value: float) -> relax.Expr:
-        return relax.const(value, self.dtype)
+def _apply(bb: relax.BlockBuilder, values: list[relax.Expr], on_arrays: Callable[..., np.ndarray],
+           on_exprs: Callable[..., relax.Expr]) -> relax.Expr:
+    """``on_arrays`` on the values when all are constants (weights: rearranged here, once), else ``on_exprs``."""
+    arrays = [_constant(v) for v in values]
+    if all(a is not None for a in arrays):
+        result = np.ascontiguousarray(on_arrays(*arrays))
+        return relax.const(result, str(result.dtype))
+    return bb.emit(on_exprs(*values))
 
-    def clipped(self, x: relax.Expr) -> relax.Expr:
-        if self.clip is None:
-            return x
-        return relax.op.clip(x, -float(self.clip), float(self.clip))
 
-    def projections(self, d: int) -> tuple[relax.Expr, relax.Expr, relax.Expr | None]:
-        """X W^T (+ Wb) for every step at once, R^T, and Rb."""
-        bb = self.bb
-        w, r = _index(bb, self.w, d), _index(bb, self.r, d)
-        xw = bb.emit(relax.op.matmul(self.x, relax.op.permute_dims(w, [1, 0])))
-        rb = None
-        if self.bias is not None:
-            both = _split(bb, _index(bb, self.bias, d), 2)
-            xw = bb.emit(relax.op.add(xw, both[0]))
-            rb = both[1]
-        return xw, bb.emit(relax.op.permute_dims(r, [1, 0])), rb
+def _unit_rows(cell: RecurrentCell, groups: int) -> np.ndarray:
+    """Row of ``[dirs * groups * hidden + 1, ...]`` each ``[dirs, tiles, groups, LANES]`` slot takes.
 
-    def initial_state(self, which: int, d: int) -> relax.Expr:
-        given = self.initial[which]
-        if given is None:
-            return relax.const(np.zeros((self.batch, self.hidden), dtype=self.dtype), self.dtype)
-        state = given if self.layout == 0 else self.bb.emit(relax.op.permute_dims(given, [1, 0, 2]))
-        return _index(self.bb, state, d)
+    Unit ``j = tile * LANES + lane`` of group ``g`` is row ``(d * groups + g) * hidden + j``; slots past
+    ``hidden`` (the last tile's padding) take the extra last row, zeros.
+    """
+    d, t, g, lane = np.meshgrid(np.arange(cell.directions), np.arange(cell.tiles), np.arange(groups),
+                                np.arange(LANES), indexing="ij")
+    unit = t * LANES + lane
+    rows = (d * groups + g) * cell.hidden + unit
+    return np.where(unit < cell.hidden, rows, cell.directions * groups * cell.hidden).astype("int64")
 
-    def steps(self, d: int) -> list[int]:
-        forward = d == 0 and self.direction != "reverse"
-        return list(range(self.seq)) if forward else list(range(self.seq - 1, -1, -1))
 
-    def keep(self, t: int, new: relax.Expr, old: relax.Expr) -> relax.Expr:
-        """With sequence_lens: the state stops updating after each entry's length."""
-        if self.lengths is None:
-            return new
-        alive = self.bb.emit(relax.op.less(relax.const(t, "int32"), relax.op.reshape(
-            relax.op.astype(self.lengths, "int32"), [self.batch, 1])))
-        return self.bb.emit(relax.op.where(alive, new, old))
+def _tiled(bb: relax.BlockBuilder, value: relax.Expr, cell: RecurrentCell, groups: int) -> relax.Expr:
+    """``[dirs, groups * hidden, *rest]`` -> ``[dirs, tiles, groups, LANES, *rest]``: units padded with zeros."""
+    rest = static_shape(value)[2:]
+    width = int(np.prod(rest, dtype=np.int64))
+    rows = _unit_rows(cell, groups)
+    shape = [*rows.shape, *rest]
+    count = cell.directions * groups * cell.hidden
 
-    def output_step(self, t: int, h: relax.Expr) -> relax.Expr:
-        if self.lengths is None:
-            return h
-        alive = self.bb.emit(relax.op.less(relax.const(t, "int32"), relax.op.reshape(
-            relax.op.astype(self.lengths, "int32"), [self.batch, 1])))
-        return self.bb.emit(relax.op.where(alive, h, relax.op.zeros_like(h)))
+    def on_array(a: np.ndarray) -> np.ndarray:
+        flat = np.concatenate([a.reshape(count, width), np.zeros((1, width), a.dtype)])
+        return flat[rows.ravel()].reshape(shape)
 
-    def assemble(self, outputs: list[list[relax.Expr]], finals: list[list[relax.Expr]]) -> relax.Expr:
-        """Y [seq, dirs, batch, hidden] (layout 0) and the final states [dirs, batch, hidden]."""
-        bb = self.bb
-        per_direction = [bb.emit(relax.op.stack(steps, axis=0)) for steps in outputs]
-        y = bb.emit(relax.op.stack(per_direction, axis=1))
-        states = [bb.emit(relax.op.stack(list(state), axis=0)) for state in zip(*finals)]
-        if self.layout == 1:
-            y = bb.emit(relax.op.permute_dims(y, [2, 0, 1, 3]))
-            states = [bb.emit(relax.op.permute_dims(s, [1, 0, 2])) for s in states]
-        return relax.Tuple([y, *states])
+    def on_expr(e: relax.Expr) -> relax.Expr:
+        flat = relax.op.concat([relax.op.reshape(e, [count, width]), relax.op.zeros([1, width], cell.dtype)])
+        return relax.op.reshape(relax.op.take(flat, relax.const(rows.ravel(), "int64"), axis=0), shape)
+
+    return _apply(bb, [value], on_array, on_expr)
+
+
+def _permuted(bb: relax.BlockBuilder, value: relax.Expr, axes: list[int]) -> relax.Expr:
+    return _apply(bb, [value], lambda a: a.transpose(axes), lambda e: relax.op.permute_dims(e, axes))
+
+
+def _reshaped(bb: relax.BlockBuilder, value: relax.Expr, shape: list[int]) -> relax.Expr:
+    return _apply(bb, [value], lambda a: a.reshape(shape), lambda e: relax.op.reshape(e, shape))
+
+
+def _biases(bb: relax.BlockBuilder, node: _Node) -> tuple[relax.Expr, relax.Expr | None]:
+    """The projection's bias ``[dirs, gates * hidden]``: Wb + Rb; and GRU's Rb of gate h ``[dirs, hidden]``
+    when ``linear_before_reset`` keeps it apart (the reset gate multiplies it; the projection then has Wb only)."""
+    cell = node.cell
+    gates, hidden, dirs = cell.gates, cell.hidden, cell.directions
+    apart = cell.linear_before_reset
+    if node.bias is None:
+        zeros = relax.const(np.zeros((dirs, hidden), cell.dtype), cell.dtype)
+        return relax.const(np.zeros((dirs, gates * hidden), cell.dtype), cell.dtype), zeros if apart else None
+    halves = _reshaped(bb, node.bias, [dirs, 2, gates * hidden])
+
+    def joined_array(b: np.ndarray) -> np.ndarray:
+        recurrent = b[:, 1].copy()
+        if apart:
+            recurrent[:, 2 * hidden:] = 0
+        return b[:, 0] + recurrent
+
+    def joined_expr(b: relax.Expr) -> relax.Expr:
+        w_bias = relax.op.reshape(relax.op.strided_slice(b, [1], [0], [1]), [dirs, gates * hidden])
+        r_bias = relax.op.reshape(relax.op.strided_slice(b, [1], [1], [2]), [dirs, gates * hidden])
+        if apart:
+            r_bias = relax.op.concat([relax.op.strided_slice(r_bias, [1], [0], [2 * hidden]),
+                                      relax.op.zeros([dirs, hidden], cell.dtype)], axis=1)
+        return relax.op.add(w_bias, r_bias)
+
+    joined = _apply(bb, [halves], joined_array, joined_expr)
+    if not apart:
+        return joined, None
+    h_bias = _apply(bb, [halves], lambda b: b[:, 1, 2 * hidden:], lambda e: relax.op.reshape(
+        relax.op.strided_slice(e, [1, 2], [1, 2 * hidden], [2, 3 * hidden]), [dirs, hidden]))
+    return joined, h_bias
+
+
+def _projection(bb: relax.BlockBuilder, node: _Node, bias: relax.Expr) -> relax.Expr:
+    """``X W^T + bias`` for every step, direction and gate at once: ``[seq, batch, dirs, tiles, gates, LANES]``."""
+    cell = node.cell
+    inputs = static_shape(node.x)[2]
+    columns = cell.directions * cell.tiles * cell.gates * LANES
+    w_t = _permuted(bb, _reshaped(bb, _tiled(bb, node.w, cell, cell.gates), [columns, inputs]), [1, 0])
+    rows = bb.emit(relax.op.reshape(node.x, [cell.seq * cell.batch, inputs]))
+    xw = bb.emit(relax.op.matmul(rows, w_t))
+    xw = bb.emit(relax.op.add(xw, _reshaped(bb, _tiled(bb, bias, cell, cell.gates), [columns])))
+    return bb.emit(relax.op.reshape(xw, [cell.seq, cell.batch, cell.directions, cell.tiles, cell.gates, LANES]))
+
+
+def _convert(bb: relax.BlockBuilder, kind: str, inputs: list[Any], attrs: dict[str, Any]) -> relax.Expr:
+    node = _read(bb, kind, inputs, attrs)
+    cell = node.cell
+    bias, h_bias = _biases(bb, node)
+    # R^T tiled: [dirs, tiles, gates, LANES, hidden] -> [dirs, tiles, hidden, gates, LANES]
+    args = [_projection(bb, node, bias), _permuted(bb, _tiled(bb, node.r, cell, cell.gates), [0, 1, 4, 2, 3])]
+    if h_bias is not None:
+        args.append(_reshaped(bb, _tiled(bb, h_bias, cell, 1), [cell.directions, cell.tiles, LANES]))
+    if node.peepholes is not None:  # [dirs, 3 * hidden] -> [dirs, 3, tiles, LANES]
+        args.append(_permuted(bb, _tiled(bb, node.peepholes, cell, 3), [0, 2, 1, 3]))
+    args += [a for a in (node.lengths, node.initial_h, node.initial_c) if a is not None]
+    kernel = bb.add_func(build_kernel(cell), f"{kind}_sequence")
+    out_types = [relax.TensorType(shape, cell.dtype) for shape in cell.output_shapes]
+    results = bb.emit(relax.call_tir(kernel, relax.Tuple(args), out_types))
+    outputs = []
+    for index in range(len(out_types)):
+        value = bb.emit(relax.TupleGetItem(results, index))
+        if node.layout == 1:
+            value = bb.emit(relax.op.permute_dims(value, [2, 0, 1, 3] if index == 0 else [1, 0, 2]))
+        if node.dtype != cell.dtype:
+            value = bb.emit(relax.op.astype(value, node.dtype))
+        outputs.append(value)
+    return relax.Tuple(outputs)
 
 
 def rnn(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], context: ConverterContext) -> relax.Expr:
     """RNN: H_t = f(X_t W^T + H_(t-1) R^T + Wb + Rb)."""
-    s = _Setup(bb, inputs, attrs, 1)
-    activations = _activations(attrs, ["Tanh"], s.directions, s.dtype)
-    outputs, finals = [], []
-    for d in range(s.directions):
-        xw, rt, rb = s.projections(d)
-        h = s.initial_state(0, d)
-        (f,) = activations[d]
-        steps: dict[int, relax.Expr] = {}
-        for t in s.steps(d):
-            pre = bb.emit(relax.op.add(_index(bb, xw, t), relax.op.matmul(h, rt)))
-            if rb is not None:
-                pre = bb.emit(relax.op.add(pre, rb))
-            h = s.keep(t, bb.emit(f(s.clipped(pre))), h)
-            steps[t] = s.output_step(t, h)
-        outputs.append([steps[t] for t in range(s.seq)])
-        finals.append([h])
-    return s.assemble(outputs, finals)
+    return _convert(bb, "rnn", inputs, attrs)
 
 
 def gru(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], context: ConverterContext) -> relax.Expr:
     """GRU with gates z, r, h; ``linear_before_reset`` as specified."""
-    s = _Setup(bb, inputs, attrs, 3)
-    activations = _activations(attrs, ["Sigmoid", "Tanh"], s.directions, s.dtype)
-    before_reset = bool(attrs.get("linear_before_reset", 0))
-    outputs, finals = [], []
-    for d in range(s.directions):
-        xw, rt, rb = s.projections(d)
-        xz_xr_xh = xw
-        rts = _split(bb, rt, 3)  # R^T is [hidden, 3*hidden]: columns z, r, h
-        rbs = _split(bb, rb, 3) if rb is not None else [None, None, None]
-        f, g = activations[d]
-        h = s.initial_state(0, d)
-        steps: dict[int, relax.Expr] = {}
-        for t in s.steps(d):
-            xz, xr, xh = _split(bb, _index(bb, xz_xr_xh, t), 3)
-
-            def recurrent(i: int, state: relax.Expr) -> relax.Expr:
-                term = bb.emit(relax.op.matmul(state, rts[i]))
-                return term if rbs[i] is None else bb.emit(relax.op.add(term, rbs[i]))
-
-            z = bb.emit(f(s.clipped(relax.op.add(xz, recurrent(0, h)))))
-            r = bb.emit(f(s.clipped(relax.op.add(xr, recurrent(1, h)))))
-            if before_reset:
-                candidate = relax.op.add(xh, relax.op.multiply(r, recurrent(2, h)))
-            else:
-                candidate = relax.op.add(xh, recurrent(2, bb.emit(relax.op.multiply(r, h))))
-            n = bb.emit(g(s.clipped(candidate)))
-            new = bb.emit(relax.op.add(relax.op.multiply(relax.op.subtract(s.const(1.0), z), n),
-                                       relax.op.multiply(z, h)))
-            h = s.keep(t, new, h)
-            steps[t] = s.output_step(t, h)
-        outputs.append([steps[t] for t in range(s.seq)])
-        finals.append([h])
-    return s.assemble(outputs, finals)
+    return _convert(bb, "gru", inputs, attrs)
 
 
 def lstm(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], context: ConverterContext) -> relax.Expr:
     """LSTM with gates i, o, f, c; peepholes and ``input_forget`` as specified."""
-    s = _Setup(bb, inputs, attrs, 4)
-    activations = _activations(attrs, ["Sigmoid", "Tanh", "Tanh"], s.directions, s.dtype)
-    peepholes = inputs[7] if len(inputs) > 7 else None
-    couple = bool(attrs.get("input_forget", 0))
-    outputs, finals = [], []
-    for d in range(s.directions):
-        xw, rt, rb = s.projections(d)
-        f, g, h_act = activations[d]
-        h, c = s.initial_state(0, d), s.initial_state(1, d)
-        p = _split(bb, _index(bb, peepholes, d), 3) if peepholes is not None else None
-        steps: dict[int, relax.Expr] = {}
-        for t in s.steps(d):
-            pre = bb.emit(relax.op.add(_index(bb, xw, t), relax.op.matmul(h, rt)))
-            if rb is not None:
-                pre = bb.emit(relax.op.add(pre, rb))
-            pi, po, pf, pc = _split(bb, pre, 4)
-            if p is not None:
-                pi = relax.op.add(pi, relax.op.multiply(p[0], c))
-                pf = relax.op.add(pf, relax.op.multiply(p[2], c))
-            i_gate = bb.emit(f(s.clipped(pi)))
-            f_gate = bb.emit(relax.op.subtract(s.const(1.0), i_gate)) if couple else bb.emit(f(s.clipped(pf)))
-            candidate = bb.emit(g(s.clipped(pc)))
-            new_c = bb.emit(relax.op.add(relax.op.multiply(f_gate, c), relax.op.multiply(i_gate, candidate)))
-            if p is not None:
-                po = relax.op.add(po, relax.op.multiply(p[1], new_c))
-            o_gate = bb.emit(f(s.clipped(po)))
-            new_h = bb.emit(relax.op.multiply(o_gate, h_act(new_c)))
-            c = s.keep(t, new_c, c)
-            h = s.keep(t, new_h, h)
-            steps[t] = s.output_step(t, h)
-        outputs.append([steps[t] for t in range(s.seq)])
-        finals.append([h, c])
-    return s.assemble(outputs, finals)
+    return _convert(bb, "lstm", inputs, attrs)
 
 
 CONVERTERS = {"RNN": rnn, "GRU": gru, "LSTM": lstm}

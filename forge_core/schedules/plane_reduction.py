@@ -1,0 +1,120 @@
+"""Reductions over an input's trailing, contiguous axes: global pooling, squeeze-and-excite means.
+
+``out[n, c] = reduce_{k} x[n, c, k]`` with ``k`` the flattened trailing axes
+(``H*W`` of a global average or max pool). TVM's ``dlight.cpu.Reduction``
+parallelizes over the outputs but reduces each plane with scalar adds. Here
+each plane is reduced by ``a`` vectors (``rfactor``: ``a * v`` partial sums,
+independent chains that hide the add latency) and the partial sums are
+added at the end; the planes run in parallel and the epilogue (the mean's
+division, an activation) is computed per plane.
+
+Measured on AVX-512 (2 cores, fastest of 200 runs, input in cache): the global
+average pool of a squeeze-and-excite block over 72x80x80, 0.38 ms under
+``dlight.cpu.Reduction`` -> 0.016 ms (onnxruntime 0.10 ms); a global max pool
+of the same size, 0.13 ms under the generic schedule -> 0.03 ms (onnxruntime
+0.07 ms); 512x14x14 (196 = 49 vectors of 4), 0.062 -> 0.044 ms (onnxruntime
+0.028 ms). Declined: planes whose size no vector of at least 4 lanes divides
+(a 7x7 map: 49), reductions over leading or interleaved axes, several
+reductions (softmax, normalization). Elementwise producers fused before the
+reduction (the square of a sum of squares) are inlined into it.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.s_tir import dlight
+
+from forge_core.schedules.blocks import blocks, extent, is_static, iter_kinds, vector_unit
+from forge_core.schedules.epilogue import PARALLEL_MIN_ELEMENTS
+
+# Vectors of partial sums per plane: the most that divide the plane, up to this many.
+MAX_CHAINS = 4
+
+
+def _trailing(sch: s_tir.Schedule, red: s_tir.SBlockRV) -> bool:
+    """Whether ``red`` reads its one input at ``[spatial.., r_1.., r_k]``, the ``r`` spanning its trailing axes."""
+    stmt = sch.get(red)
+    if len(stmt.reads) != 2 and len(stmt.reads) != 1:
+        return False
+    source = [r for r in stmt.reads if not r.source.same_as(stmt.writes[0].source)]
+    if len(source) != 1:
+        return False
+    region = source[0].region
+    reduce_vars = [iv for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
+    shape = [int(d) for d in source[0].source.ty.shape]
+    if len(region) < len(reduce_vars):
+        return False
+    trailing = list(region)[len(region) - len(reduce_vars):]
+    for rng, iv, size in zip(trailing, reduce_vars, shape[len(shape) - len(reduce_vars):]):
+        if not (rng.min.same_as(iv.var) and int(iv.dom.extent) == size):
+            return False
+    return True
+
+
+class PlaneReduction(dlight.ScheduleRule):
+    """Planes in parallel; each reduced by ``a`` vectors of partial sums, then a horizontal reduction."""
+
+    def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:  # type: ignore[override]
+        if not isinstance(func, tirx.PrimFunc) or not is_static(func):
+            return None
+        sch = s_tir.Schedule(func)
+        all_blocks = blocks(sch)
+        kinds = [iter_kinds(sch, b) for b in all_blocks]
+        reductions = [i for i, k in enumerate(kinds) if "R" in k]
+        if len(reductions) != 1:
+            return None
+        index = reductions[0]
+        red = all_blocks[index]
+        red_kinds = kinds[index]
+        spatial_count = len(red_kinds) - len(red_kinds.lstrip("S"))
+        if red_kinds != "S" * spatial_count + "R" * (len(red_kinds) - spatial_count):
+            return None
+        if any(set(k) != {"S"} for i, k in enumerate(kinds) if i != index):
+            return None
+        for producer in all_blocks[:index]:  # elementwise (x * x of a sum of squares): inlined
+            try:
+                sch.compute_inline(producer)
+            except Exception:  # noqa: BLE001 - not inlinable: dlight's
+                return None
+        if not _trailing(sch, red):
+            return None
+        loops = sch.get_loops(red)
+        spatial, reduce = loops[:spatial_count], loops[spatial_count:]
+        size = 1
+        for loop in reduce:
+            size *= extent(sch, loop)
+        planes = 1
+        for loop in spatial:
+            planes *= extent(sch, loop)
+        dtype = str(sch.get(red).writes[0].source.dtype)
+        vec = vector_unit(target).vector_factor(size, dtype)
+        if vec < 4 or size < 2 * vec:
+            return None
+        chains = next(a for a in range(MAX_CHAINS, 0, -1) if size % (a * vec) == 0 and size // (a * vec) >= 2)
+
+        epilogue = all_blocks[index + 1:]
+        for block in epilogue[:-1]:
+            sch.compute_inline(block)
+        plane = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+        flat = sch.fuse(*reduce) if len(reduce) > 1 else reduce[0]
+        _, partial = sch.split(flat, [None, chains * vec])
+        rf = sch.rfactor(partial, factor_axis=spatial_count)
+        # rfactor gives the partial sums a nest of their own: (plane, partial, step). Computed per
+        # plane of the final reduction, the step loop outside the vectorized partial sums.
+        plane = sch.get_loops(red)[0]
+        sch.compute_at(rf, plane)
+        sch.set_scope(rf, 0, "local")
+        rf_loops = sch.get_loops(rf)
+        lanes_loop, steps = rf_loops[-2:]
+        if extent(sch, lanes_loop) != chains * vec:
+            lanes_loop, steps = steps, lanes_loop
+        sch.reorder(steps, lanes_loop)
+        sch.vectorize(lanes_loop)
+        if epilogue:
+            sch.reverse_compute_at(epilogue[-1], plane)
+            sch.set_scope(red, 0, "local")
+        if planes > 1 and planes * size >= PARALLEL_MIN_ELEMENTS:
+            sch.parallel(plane)
+        # Loop kinds must all be set before decompose_reduction.
+        sch.decompose_reduction(rf, steps)
+        return sch

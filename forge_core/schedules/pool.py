@@ -1,0 +1,74 @@
+"""Windowed max and average pooling in 1 to 3 dimensions, NC* layouts (blocks ``pool_max``, ``pool_sum``).
+
+TOPI pools over a padded copy of the input (``-inf`` or 0 at the borders)::
+
+    out[n, c, .., x] = max_{.., k} pad[n, c, .., x*s + k]     (average: a sum, then a division stage)
+
+Each (image, channel) plane is independent, like a depthwise convolution, and
+gets :class:`~forge_core.schedules.grouped_conv2d.GroupedConv2dNCHW`'s
+schedule: parallel over the planes, the padded plane built inside the
+parallel loop (it stays in cache), a row tile of up to 32 outputs in
+registers, vectorized along the row; at stride 2 the padded rows are stored
+de-interleaved so that the loads stay contiguous. Without this rule they fall
+back to the generic schedule (max) or to TVM's reduction rule (average),
+neither vectorized. Measured on AVX-512 (2 cores, fastest of 200 runs):
+ResNet's 3x3 stride-2 max pool over 64x112x112, 0.134 ms -> 0.079 ms
+(onnxruntime 0.15-0.17 ms); a 3x3 average pool over 64x56x56, 0.138 ms ->
+0.041 ms (onnxruntime 0.10 ms).
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.s_tir import dlight
+
+from forge_core.schedules.blocks import blocks, extent, largest_divisor, name_of, sole_block, vector_unit, x_stride
+from forge_core.schedules.epilogue import attach_epilogue, schedule_padding, split_epilogue
+from forge_core.schedules.grouped_conv2d import MAX_ROW_TILE, _deinterleave
+
+
+def _find(func: tirx.PrimFunc) -> tuple[s_tir.Schedule, s_tir.SBlockRV, int] | None:
+    for rank in (2, 1, 3):
+        found = sole_block(func, ("pool_max", "pool_sum"), "S" * (2 + rank) + "R" * rank)
+        if found is not None:
+            return (*found, rank)
+    return None
+
+
+class WindowPoolNCX(dlight.ScheduleRule):
+    """Parallel over (image, channel) planes; a row of outputs in registers, vectorized along the row."""
+
+    def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:  # type: ignore[override]
+        found = _find(func)
+        if found is None:
+            return None
+        sch, pool, rank = found
+        dtype = str(sch.get(pool).writes[0].source.dtype)
+        lanes = vector_unit(target).lanes(dtype)
+        loops = sch.get_loops(pool)
+        n, c, *spatial = loops[:2 + rank]
+        window = loops[2 + rank:]
+        outer, x = spatial[:-1], spatial[-1]
+        width = extent(sch, x)
+        tile_x = width if width <= MAX_ROW_TILE else largest_divisor(width, MAX_ROW_TILE)
+        stride = x_stride(sch, pool) if rank == 2 else 1
+
+        epilogue = split_epilogue(sch, pool)
+        x_outer, x_inner = sch.split(x, [None, tile_x])
+        sch.reorder(n, c, *outer, x_outer, *window, x_inner)
+        writer = attach_epilogue(sch, pool, epilogue)
+        sch.reverse_compute_at(writer, x_outer)
+        planes = sch.fuse(n, c)
+        sch.parallel(planes)
+        pads = [b for b in blocks(sch) if name_of(sch, b).startswith("pad_temp")]
+        if len(pads) == 1:
+            deinterleaved = rank == 2 and stride == 2 and _deinterleave(sch, pads[0])
+            sch.compute_at(pads[0], planes)
+            if deinterleaved:
+                sch.unroll(sch.get_loops(pads[0])[-2])  # the parity: constant in each copy loop
+        if tile_x >= 4:
+            sch.vectorize(sch.get_loops(writer)[-1])
+            sch.vectorize(x_inner)
+        sch.decompose_reduction(pool, window[0])
+        schedule_padding(sch, lanes)
+        return sch

@@ -1,0 +1,121 @@
+"""Replacing an operator's stages in a fused PrimFunc with loop nests built here, on the same buffers.
+
+A schedule cannot change what a function computes, only in which order. Some
+legalized operators compute the wrong thing for speed: TOPI's transposed
+convolution multiplies a zero-inserted input (``s**2`` times the work at
+stride ``s``, most of it by zeros). A rule that wants another algorithm
+rebuilds the operator's stages with :func:`stage` and splices them into the
+fused function with :func:`replace_stages`; the fused epilogue (bias,
+activation, residual add) keeps its own stages, reading the same buffer.
+
+In TVM 0.27 a buffer is a ``Var`` whose type is a ``BufferType``: the new
+stages load and store the function's own buffer variables, so nothing else
+in the function changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import tvm
+from tvm import s_tir, tirx
+from tvm.s_tir.analysis import get_sblock_read_write_region
+
+Expr = tvm.ir.expr.Expr
+BufferVar = tvm.ir.expr.Var
+
+
+def const(value: int) -> tirx.IntImm:
+    """An index constant (legalized functions index in int64)."""
+    return tirx.IntImm("int64", value)
+
+
+def shape_of(buffer: BufferVar) -> list[int]:
+    """A static buffer's shape."""
+    return [int(d) for d in buffer.ty.shape]
+
+
+def dtype_of(buffer: BufferVar) -> str:
+    """A buffer's element type."""
+    return str(buffer.ty.dtype)
+
+
+def alloc(name: str, shape: Sequence[int], dtype: str) -> BufferVar:
+    """A new intermediate buffer, to list in :func:`replace_stages`'s ``allocs``."""
+    return tirx.decl_buffer([const(d) for d in shape], dtype, name)
+
+
+def load(buffer: BufferVar, indices: Sequence[Expr]) -> Expr:
+    """``buffer[indices]``."""
+    return tirx.BufferLoad(buffer, list(indices))
+
+
+def stage(name: str, out: BufferVar, value: Callable[..., Expr], inputs: Sequence[BufferVar],
+          reduce: Sequence[int] = (), annotations: dict | None = None) -> tirx.Stmt:
+    """A loop nest of one block writing every element of ``out`` from the buffers ``inputs``.
+
+    ``value(*spatial, *reduction)`` gives the element (the block iterators as
+    int64 expressions); with ``reduce`` extents the block sums it over those
+    iterators, from zero. The block's read and write regions are derived.
+    """
+    spatial_extents = shape_of(out)
+    extents = spatial_extents + list(reduce)
+    block_vars = [tirx.Var(f"v{i}", "int64") for i in range(len(extents))]
+    loop_vars = [tirx.Var(f"i{i}", "int64") for i in range(len(extents))]
+    kinds = [tirx.IterVar.DataPar] * len(spatial_extents) + [tirx.IterVar.CommReduce] * len(reduce)
+    iter_vars = [tirx.IterVar(tvm.ir.Range.from_min_extent(const(0), const(e)), v, k)
+                 for v, e, k in zip(block_vars, extents, kinds)]
+    index = block_vars[:len(spatial_extents)]
+    element = value(*block_vars)
+    init = None
+    if reduce:
+        init = tirx.BufferStore(out, tirx.const(0, dtype_of(out)), index)
+        element = load(out, index) + element
+    body = tirx.BufferStore(out, element, index)
+    block = s_tir.SBlock(iter_vars, [], [], name, body, init, annotations=annotations)
+    reads, writes = get_sblock_read_write_region(block, {b: b for b in (*inputs, out)})
+    block = s_tir.SBlock(iter_vars, reads, writes, name, body, init, annotations=annotations)
+    nest: tirx.Stmt = s_tir.SBlockRealize(loop_vars, True, block)
+    for var, ext in reversed(list(zip(loop_vars, extents))):
+        nest = tirx.For(var, const(0), const(ext), tirx.ForKind.SERIAL, nest)
+    return nest
+
+
+def _top_level(func: tirx.PrimFunc) -> tuple[s_tir.SBlock, list[tirx.Stmt]]:
+    root = func.body.block
+    body = root.body
+    return root, list(body.seq) if isinstance(body, tirx.SeqStmt) else [body]
+
+
+def _block_of(stmt: tirx.Stmt) -> s_tir.SBlock | None:
+    while isinstance(stmt, tirx.For):
+        stmt = stmt.body
+    return stmt.block if isinstance(stmt, s_tir.SBlockRealize) else None
+
+
+def top_level_blocks(func: tirx.PrimFunc) -> list[s_tir.SBlock]:
+    """The blocks of the function's top-level loop nests, in order; empty unless each nest holds one block."""
+    _, stmts = _top_level(func)
+    found = [_block_of(s) for s in stmts]
+    return [b for b in found if b is not None] if all(b is not None for b in found) else []
+
+
+def replace_stages(func: tirx.PrimFunc, replaced: Sequence[str], stmts: Sequence[tirx.Stmt],
+                   allocs: Sequence[BufferVar]) -> tirx.PrimFunc:
+    """``func`` with the top-level stages named ``replaced`` (consecutive) swapped for ``stmts``.
+
+    Root allocations no stage uses any more are dropped; ``allocs`` are added.
+    """
+    root, old = _top_level(func)
+    names = [str(_block_of(s).name_hint) for s in old]
+    positions = [names.index(n) for n in replaced]
+    first, last = min(positions), max(positions)
+    if sorted(positions) != list(range(first, last + 1)):
+        raise ValueError(f"stages {replaced} are not consecutive in {names}")
+    body = list(old[:first]) + list(stmts) + list(old[last + 1:])
+    used = [r.source for s in body for r in (*_block_of(s).reads, *_block_of(s).writes)]
+    buffers = [b for b in root.alloc_buffers if any(b.same_as(u) for u in used)]
+    buffers += [b for b in allocs if not any(b.same_as(kept) for kept in buffers)]
+    new_root = s_tir.SBlock([], [], [], "root", tirx.SeqStmt(body), None, alloc_buffers=buffers,
+                            annotations=root.annotations)
+    return func.with_body(s_tir.SBlockRealize([], True, new_root))
