@@ -34,3 +34,11 @@ def test_the_whole_suite_keeps_every_listed_case_passing():
         warnings.warn(message, stacklevel=1)
     regressed = {case: f"{results[case].status}: {results[case].error}" for case in sorted(listed - passing)}
     assert not regressed, regressed
+
+
+def test_the_public_path_runs_cases_with_every_input_left_an_input():
+    """``forge-public``: forge.from_onnx(model).get_inference_function(), as a user's model runs. A
+    ConstantOfShape whose shape is a graph input (read at run time) passes there too."""
+    results = run_cases("forge-public", ["test_abs_cpu", "test_constantofshape_int_zeros_cpu"], jobs=1)
+    assert {case: r.status for case, r in results.items()} == {
+        "test_abs_cpu": "pass", "test_constantofshape_int_zeros_cpu": "pass"}, results

@@ -21,13 +21,11 @@ def randomize_batch_norms(model: keras.Model, seed: int = 0) -> keras.Model:
     rng = np.random.default_rng(seed)
     for layer in model.layers:
         if isinstance(layer, keras.layers.BatchNormalization):
-            gamma, beta, mean, variance = layer.get_weights()
-            layer.set_weights([
-                rng.uniform(0.5, 1.5, gamma.shape).astype("float32"),
-                rng.uniform(-0.2, 0.2, beta.shape).astype("float32"),
-                rng.uniform(-0.2, 0.2, mean.shape).astype("float32"),
-                rng.uniform(0.5, 1.5, variance.shape).astype("float32"),
-            ])
+            # Weights in Keras's order; gamma and beta only where the layer scales and centres.
+            ranges = ([(0.5, 1.5)] if layer.scale else []) + ([(-0.2, 0.2)] if layer.center else []) \
+                + [(-0.2, 0.2), (0.5, 1.5)]
+            layer.set_weights([rng.uniform(low, high, weight.shape).astype("float32")
+                               for (low, high), weight in zip(ranges, layer.get_weights(), strict=True)])
     return model
 
 

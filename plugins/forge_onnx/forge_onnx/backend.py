@@ -76,17 +76,26 @@ class ForgeRep(BackendRep):
         return self._compiled[key], rest
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
-        if isinstance(inputs, Mapping):
-            arrays = [inputs[name] for name in self.input_names]
-        elif isinstance(inputs, np.ndarray):
-            arrays = [inputs]
-        else:
-            arrays = list(inputs)
+        arrays = input_arrays(inputs, self.input_names)
         function, rest = self._function_for(arrays)
         result = function(*rest)
-        outputs = result if isinstance(result, list) else [result]
-        names = [name if name.isidentifier() else f"output_{i}" for i, name in enumerate(self.output_names)]
-        return namedtupledict("Outputs", names)(*outputs)
+        return named_outputs(result, self.output_names)
+
+
+def input_arrays(inputs: Any, names: Sequence[str]) -> list[np.ndarray]:
+    """A backend run's inputs (a mapping by name, one array, or a sequence) as a list in ``names`` order."""
+    if isinstance(inputs, Mapping):
+        return [inputs[name] for name in names]
+    if isinstance(inputs, np.ndarray):
+        return [inputs]
+    return list(inputs)
+
+
+def named_outputs(result: Any, names: Sequence[str]) -> tuple[np.ndarray, ...]:
+    """An inference function's result as the backend API's named tuple (non-identifier names as ``output_<i>``)."""
+    outputs = result if isinstance(result, list) else [result]
+    fields = [name if name.isidentifier() else f"output_{i}" for i, name in enumerate(names)]
+    return namedtupledict("Outputs", fields)(*outputs)
 
 
 class ForgeBackend(Backend):

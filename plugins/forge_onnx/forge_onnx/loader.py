@@ -6,6 +6,7 @@ import contextlib
 import io
 import logging
 import os
+import re
 import tempfile
 import time
 import warnings
@@ -34,9 +35,29 @@ logger = logging.getLogger("forge.onnx")
 
 Dim = int | str | None
 
+# The operators to which TVM's importer passes shape values (``Shape`` of a dynamic tensor) as they are (its
+# ``shape_compatible_ops``). Every other operator gets the shape value as an int64 tensor, as ONNX defines
+# it; TVM would stop with "cannot handle ShapeExpr inputs" (or fail inside an If branch, where it does not check).
+_SHAPE_OPERAND_OPS = frozenset({
+    "Reshape", "Resize", "ConstantOfShape", "Gather", "Slice", "Shape", "Expand", "Concat", "Equal", "Where",
+    "Cast", "CastLike", "Squeeze",
+})
+
+
+class _OneNode:
+    """A graph holding one node, for TVM's node loop, which reads only ``graph.node``."""
+
+    def __init__(self, node: onnx.NodeProto) -> None:
+        self.node = [node]
+
+
+def _is_shape_value(value: Any) -> bool:
+    return isinstance(value, relax.Expr) and isinstance(getattr(value, "ty", None), relax.ShapeType)
+
 
 class _ForgeImporter(ONNXGraphImporter):
-    """TVM's importer, with the registered converters first and every per-node failure named."""
+    """TVM's importer, with the registered converters first, shape values turned into tensors for the
+    operators that take tensors only, and every per-node failure named."""
 
     def __init__(self, *args: Any, converters: Mapping[tuple[str, str], Any], domains: Mapping[str, str],
                  **kwargs: Any) -> None:
@@ -53,8 +74,45 @@ class _ForgeImporter(ONNXGraphImporter):
     def _check_for_unsupported_ops(self, graph: Any) -> None:
         """Forge checked already (operator_support.check_operators), counting registered converters."""
 
+    def _construct_nodes(self, graph: Any) -> None:
+        """TVM's node loop, one node at a time, each seeing shape values as tensors where it needs them."""
+        for node in graph.node:
+            replaced: dict[str, Any] = {}
+            if node.op_type not in _SHAPE_OPERAND_OPS:
+                for name in node.input:
+                    value = self._nodes.get(name)
+                    if name and name not in replaced and _is_shape_value(value):
+                        replaced[name] = value
+                        self._nodes[name] = self.bb.emit(relax.op.shape_to_tensor(value))
+            try:
+                super()._construct_nodes(_OneNode(node))
+            finally:
+                self._nodes.update(replaced)  # later consumers (a Reshape...) still get the shape value
+            for index, name in enumerate(node.output):
+                if name in self._nodes:
+                    self._nodes[name] = self._with_named_dims(self._nodes[name], f"{node.name}_{index}")
+
+    def _with_named_dims(self, value: Any, label: str) -> Any:
+        """``value`` match-cast to named symbolic dims when only its rank is known; else unchanged.
+
+        Relax infers no dims where broadcasting cannot be decided at import, e.g. (batch, sequence, 32) +
+        (1, arange_len, 32). The result's Shape would then be an opaque value that Slice and Gather cannot
+        take, and Reshape could not infer a -1 from it. With every dim named it is a shape like any other.
+        """
+        ty = getattr(value, "ty", None)
+        if not isinstance(value, relax.Expr) or not isinstance(ty, relax.TensorType) or ty.shape is not None \
+                or ty.ndim <= 0:
+            return value
+        prefix = re.sub(r"\W+", "_", label).strip("_") or "value"
+        dims = [tvm.tirx.Var(f"{prefix}_d{axis}", "int64") for axis in range(ty.ndim)]
+        bound = value if isinstance(value, relax.Var) else self.bb.emit(value)
+        return self.bb.match_cast(bound, relax.TensorType(dims, ty.dtype))
+
     def _convert_operator(self, op_name: str, inputs: Any, attrs: dict[str, Any], opset: int) -> Any:
         node = attrs.get("tvm_custom", {}).get("name") or f"<unnamed {op_name}>"
+        if op_name not in _SHAPE_OPERAND_OPS and any(_is_shape_value(i) for i in inputs):
+            # Inside an If branch, where TVM's loop (and so the one above) does not run.
+            inputs = [self.bb.emit(relax.op.shape_to_tensor(i)) if _is_shape_value(i) else i for i in inputs]
         domain = self._domains.get(node, "")
         converter = self._forge_converters.get(("" if domain == "ai.onnx" else domain, op_name))
         try:
@@ -94,15 +152,15 @@ def _needs_edit(model: onnx.ModelProto, shape: Mapping[str, Sequence[Dim]] | Non
         bool(shape)
         or isinstance(dtype, Mapping)
         or untyped
-        or any(not node.name for node in model.graph.node)
+        or any(not node.name for node in iter_nodes(model.graph))
         or graph_rewrites.needs_rewrite(model)
     )
 
 
 def _name_nodes(model: onnx.ModelProto) -> None:
-    """Give every unnamed node a name ``<OpType>_<index>``, unique in the graph."""
-    taken = {node.name for node in model.graph.node if node.name}
-    for index, node in enumerate(model.graph.node):
+    """Give every unnamed node, in subgraphs too, a name ``<OpType>_<index>``, unique in the model."""
+    taken = {node.name for node in iter_nodes(model.graph) if node.name}
+    for index, node in enumerate(iter_nodes(model.graph)):
         if node.name:
             continue
         name = f"{node.op_type}_{index}"

@@ -39,6 +39,23 @@ class ForgeOperatorConverter(SymbolicShapes, OperatorConverter):
         self._init_symbolic_shapes()
         self.convert_map = {code: self._named(code, convert) for code, convert in self.convert_map.items()}
 
+    def convert_fully_connected(self, op: Any) -> Any:
+        """TVM's FULLY_CONNECTED, flattening the leading dims unless ``keep_num_dims``, as TFLite defines it.
+
+        TVM multiplies an N-d input as it is: Keras's VGG16 at 32x32 (Flatten of a 1x1 map, which the TFLite
+        converter folds into the FULLY_CONNECTED) came out as (1, 1, 1, 1000) instead of (1, 1000).
+        """
+        from tflite.FullyConnectedOptions import FullyConnectedOptions
+
+        out = super().convert_fully_connected(op)
+        options = FullyConnectedOptions()
+        options.Init(op.BuiltinOptions().Bytes, op.BuiltinOptions().Pos)
+        rank = len(self.get_input_tensors(op)[0].tensor.ShapeAsNumpy())
+        if options.KeepNumDims() or rank <= 2:
+            return out
+        units = int(self.get_input_tensors(op)[1].tensor.ShapeAsNumpy()[0])
+        return relax.op.reshape(out, [-1, units])
+
     def _named(self, code: str, convert: Callable[..., Any]) -> Callable[..., Any]:
         symbolic = self.symbolic_converter(code)
 

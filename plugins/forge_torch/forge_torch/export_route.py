@@ -61,7 +61,11 @@ def import_exported_program(
     ep: torch.export.ExportedProgram, custom_convert_map: Mapping[str, Callable[..., Any]] | None
 ) -> tvm.IRModule:
     """A Relax module from an ExportedProgram, decomposed to core ATen first."""
-    decomposed = ep.run_decompositions()
+    try:
+        decomposed = ep.run_decompositions()
+    except Exception as exc:  # noqa: BLE001 - torch's decompositions fail with anything (GPT-2: a view's strides)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelImportError(f"torch's decomposition to core ATen failed: {type(exc).__name__}: {first}") from exc
     check_operators(decomposed, custom_convert_map)
     try:
         return _Importer().from_exported_program(

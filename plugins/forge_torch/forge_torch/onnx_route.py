@@ -1,7 +1,10 @@
 """The ONNX route: ``torch.onnx.export`` then whichever plugin registered the ``onnx`` frontend.
 
 TorchScript modules always take it (TVM has no TorchScript importer); other
-models take it when the direct route fails.
+models take it when the direct route fails. PyTorch's fused inference kernels
+that a trace may hold (``nn.TransformerEncoderLayer``'s and
+``nn.MultiheadAttention``'s fast paths) are decomposed while exporting
+(:mod:`forge_torch.fast_path_symbolics`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import torch
 from forge_core.errors import ModelImportError
 from forge_core.ir.module import IRModule
 from forge_core.loaders import load
+from forge_torch import fast_path_symbolics
 from forge_torch.input_infos import InputInfo
 
 
@@ -28,10 +32,12 @@ def export_onnx(model: Any, examples: tuple[torch.Tensor, ...], infos: Sequence[
     }
     buffer = io.BytesIO()
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), fast_path_symbolics.registered(opset):
             # The TorchScript-based exporter is deprecated in favour of the dynamo one, which cannot take
             # TorchScript modules; it is still the one that handles both.
             warnings.simplefilter("ignore", DeprecationWarning)
+            # A TorchScript module's methods have no Python signature; the exporter notes it for every export.
+            warnings.filterwarnings("ignore", message="no signature found for", category=UserWarning)
             torch.onnx.export(
                 model, examples, buffer, input_names=[i.name for i in infos], output_names=list(output_names),
                 dynamic_axes=dynamic_axes or None, opset_version=opset, dynamo=False,

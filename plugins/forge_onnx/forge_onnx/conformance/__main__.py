@@ -1,11 +1,15 @@
 """Run ONNX's backend test suite through Forge, with onnxruntime as the reference.
 
-    python -m forge_onnx.conformance [--backends forge,onnxruntime] [--jobs 2] [--filter REGEX]
+    python -m forge_onnx.conformance [--backends forge,forge-public,onnxruntime] [--jobs 2] [--filter REGEX]
                                      [--json results.json] [--write-passing]
 
 Prints pass counts per category for each backend, Forge's share of the cases
 onnxruntime passes, the operators still missing with how many cases each
-blocks, and how the passing list (passing_cases.txt) changed.
+blocks, and how the passing list (passing_cases.txt) changed. ``forge`` is
+:mod:`forge_onnx.backend` (inputs that only feed constant operands are bound
+at run time); ``forge-public`` is the path a user's model takes,
+``forge.from_onnx(model).get_inference_function()``: both rates are printed,
+and the causes of the cases only the backend passes, most frequent first.
 """
 
 from __future__ import annotations
@@ -53,9 +57,30 @@ def failing_nodes(results: dict[str, CaseResult]) -> Counter[str]:
     return failed
 
 
+def print_public_gap(runs: dict[str, dict[str, CaseResult]], passed: dict[str, set[str]], total: int) -> None:
+    """Both Forge rates, and why the public path fails cases the backend passes (grouped by cause)."""
+    backend, public = passed["forge"], passed["forge-public"]
+    print(f"Pass rate: forge backend {len(backend)}/{total} ({100 * len(backend) / max(total, 1):.1f}%), "
+          f"forge.from_onnx(...).get_inference_function() {len(public)}/{total} "
+          f"({100 * len(public) / max(total, 1):.1f}%)")
+    gap = sorted(backend - public)
+    causes: Counter[str] = Counter()
+    examples: dict[str, str] = {}
+    for case in gap:
+        # The error with names and numbers taken out, so that one cause counts once.
+        cause = re.sub(r"'[^']*'|\d+", "_", runs["forge-public"][case].error)[:160]
+        causes[cause] += 1
+        examples.setdefault(cause, case)
+    print(f"{len(gap)} cases pass through the backend only; causes on the public path, by cases:")
+    for cause, count in causes.most_common(25):
+        print(f"  {count:4d}  {cause}  (e.g. {examples[cause]})")
+    if public - backend:
+        print(f"{len(public - backend)} cases pass through the public path only: {', '.join(sorted(public - backend)[:20])}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backends", default="forge,onnxruntime")
+    parser.add_argument("--backends", default="forge,forge-public,onnxruntime")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--filter", help="only cases whose name matches this regular expression")
     parser.add_argument("--json", help="write every result here")
@@ -87,6 +112,8 @@ def main() -> int:
         share = len(passed["forge"] & passed["onnxruntime"]) / len(passed["onnxruntime"])
         print(f"Forge passes {len(passed['forge'] & passed['onnxruntime'])} of the {len(passed['onnxruntime'])} "
               f"cases onnxruntime passes: {100 * share:.1f}%")
+    if "forge" in passed and "forge-public" in passed:
+        print_public_gap(runs, passed, len(names))
     if "forge" in runs:
         print("Operators Forge lacks, by cases blocked:",
               ", ".join(f"{op} {n}" for op, n in missing_operators(runs["forge"]).most_common()))

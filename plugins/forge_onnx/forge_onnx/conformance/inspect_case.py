@@ -1,6 +1,9 @@
 """Run one suite case through Forge and show everything: the graph, the error with its traceback, the outputs.
 
-    python -m forge_onnx.conformance.inspect_case test_shape_cpu
+    python -m forge_onnx.conformance.inspect_case test_shape_cpu [--public]
+
+``--public`` runs it the way a user's model goes, ``forge.from_onnx(model).get_inference_function()``
+(:mod:`forge_onnx.conformance.public_path`), instead of :mod:`forge_onnx.backend`.
 """
 
 from __future__ import annotations
@@ -26,7 +29,10 @@ def find(name: str) -> object:
 
 
 def main() -> None:
-    import forge_onnx.backend as backend
+    if "--public" in sys.argv[2:]:
+        from forge_onnx.conformance.public_path import PublicPathBackend as backend
+    else:
+        import forge_onnx.backend as backend
 
     case = find(sys.argv[1])
     model = case.model

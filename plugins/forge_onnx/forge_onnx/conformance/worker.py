@@ -1,6 +1,6 @@
 """A worker process: runs the backend-suite cases named on stdin, one JSON line per result on stdout.
 
-    python -m forge_onnx.conformance.worker forge|onnxruntime < case_names
+    python -m forge_onnx.conformance.worker forge|forge-public|onnxruntime < case_names
 """
 
 from __future__ import annotations
@@ -25,6 +25,10 @@ def load_backend(name: str) -> Any:
         from forge_onnx.backend import ForgeBackend
 
         return ForgeBackend
+    if name == "forge-public":
+        from forge_onnx.conformance.public_path import PublicPathBackend
+
+        return PublicPathBackend
     if name == "onnxruntime":
         import onnxruntime.backend
 

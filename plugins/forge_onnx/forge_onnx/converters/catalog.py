@@ -12,6 +12,7 @@ from forge_onnx.converters import (
     losses,
     normalization,
     quantized,
+    ranges,
     recurrent,
     reductions,
     resize,
@@ -19,7 +20,8 @@ from forge_onnx.converters import (
 )
 
 MODULES = (
-    activations, attention, elementwise, losses, normalization, quantized, recurrent, reductions, resize, shapes,
+    activations, attention, elementwise, losses, normalization, quantized, ranges, recurrent, reductions, resize,
+    shapes,
 )
 
 

@@ -1,20 +1,28 @@
-"""Shape, Size and Constant: static values become constants, so that the arithmetic on them folds.
+"""Shape, Size, Constant and ConstantOfShape: static values become constants, so that the arithmetic on them folds.
 
 TVM's importer turns ``Shape`` into a Relax shape value, which most operators
 cannot take ("cannot handle ShapeExpr inputs"). When the input's shape is
 static, Forge emits an int64 constant instead; dynamic shapes still go to TVM.
+``Size`` and ``ConstantOfShape`` also take such shape values (inside an ``If``
+branch, or for a dynamic shape), and ``ConstantOfShape`` takes the empty shape
+(a scalar), which TVM's converter rejects. ``Expand`` to a shape read at run
+time broadcasts both ways, as ONNX defines it.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
+import tvm
 from tvm import relax, tirx
 
+from forge_onnx.constant_folding import MAX_FOLDED_ELEMENTS
 from forge_onnx.converters import ConverterContext
+from forge_onnx.symbolic_values import symbolic_ints
 
 
 def static_shape(expr: relax.Expr) -> list[int] | None:
@@ -40,12 +48,119 @@ def shape(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], cont
     return relax.const(np.array(selected, dtype=np.int64), "int64")
 
 
+def _int64_scalar(value: int) -> relax.Expr:
+    return relax.const(np.array(value, dtype=np.int64), "int64")
+
+
 def size(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], context: ConverterContext) -> relax.Expr:
-    """Size: an int64 scalar constant for a static input shape."""
-    dims = static_shape(inputs[0])
+    """Size: an int64 scalar constant for a static input shape, or for a shape value (its rank)."""
+    x = inputs[0]
+    if isinstance(x.ty, relax.ShapeType):
+        # A shape value (``Shape`` of a dynamic tensor) is a 1-D tensor in ONNX: its size is its rank.
+        if x.ty.ndim < 0:
+            return relax.op.size(bb.emit(relax.op.shape_to_tensor(x)))
+        return _int64_scalar(int(x.ty.ndim))
+    dims = static_shape(x)
     if dims is None:
         return context.tvm_convert("Size", inputs)
-    return relax.const(np.array(int(np.prod(dims, dtype=np.int64)), dtype=np.int64), "int64")
+    return _int64_scalar(int(np.prod(dims, dtype=np.int64)))
+
+
+def _fill_value(attrs: dict[str, Any], node: str) -> np.ndarray:
+    """ConstantOfShape's ``value`` attribute as a 0-d array (float32 zero when absent)."""
+    if "value" not in attrs:
+        return np.array(0.0, dtype=np.float32)
+    value = numpy_helper.to_array(attrs["value"])
+    if value.size != 1:
+        raise ValueError(f"ConstantOfShape {node!r}: value must hold one element, given shape {value.shape}")
+    return value.reshape(())
+
+
+def _constant_dims(shape_operand: relax.Expr) -> list[int] | None:
+    """The dims that a ConstantOfShape's shape operand holds, when they are known at import."""
+    if isinstance(shape_operand, relax.ShapeExpr):
+        if all(isinstance(v, tirx.IntImm) for v in shape_operand.values):
+            return [int(v.value) for v in shape_operand.values]
+        return None
+    if hasattr(shape_operand, "value"):  # a constant tensor
+        return [int(v) for v in np.asarray(shape_operand.value.numpy()).reshape(-1)]
+    return None
+
+
+def _run_time_shape(bb: relax.BlockBuilder, operand: relax.Expr, node: str,
+                    op: str = "ConstantOfShape") -> relax.ShapeExpr:
+    """A shape whose dims are the run-time values of a 1-D int64 tensor (or a shape value): named dims."""
+    ty = operand.ty
+    if isinstance(ty, relax.ShapeType) and ty.ndim >= 0:
+        value, rank = operand, ty.ndim
+    elif isinstance(ty, relax.TensorType) and ty.ndim == 1 and isinstance(ty.shape, relax.ShapeExpr) \
+            and isinstance(ty.shape.values[0], tirx.IntImm):
+        value, rank = bb.emit(relax.op.tensor_to_shape(operand)), int(ty.shape.values[0].value)
+    else:
+        raise ValueError(f"{op} {node!r}: the shape operand must be a 1-D tensor of known length, given {ty}")
+    prefix = re.sub(r"\W+", "_", node).strip("_") or "shape"
+    dims = [tirx.Var(f"{prefix}_d{axis}", "int64") for axis in range(rank)]
+    bb.match_cast(value, relax.ShapeType(dims))
+    return relax.ShapeExpr(dims)
+
+
+def constant_of_shape(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
+                      context: ConverterContext) -> relax.Expr:
+    """ConstantOfShape: ``value`` broadcast to the shape operand, the empty shape (a scalar) included.
+
+    A known shape gives a constant (up to the folding limit); one computed from dims, a broadcast to those
+    dims; one read from a tensor at run time, a broadcast to named dims.
+    """
+    fill = _fill_value(attrs, context.node)
+    dtype = str(fill.dtype)
+    shape_operand = inputs[0]
+    dims = _constant_dims(shape_operand)
+    if dims is not None:
+        if any(d < 0 for d in dims):
+            raise ValueError(f"ConstantOfShape {context.node!r}: negative dimension in shape {dims}")
+        if int(np.prod(dims, dtype=np.int64)) <= MAX_FOLDED_ELEMENTS:
+            return relax.const(np.full(dims, fill, dtype=dtype), dtype)
+        target = relax.ShapeExpr(dims)
+    else:
+        values = symbolic_ints(bb, shape_operand)
+        target = relax.ShapeExpr(values) if values is not None else _run_time_shape(bb, shape_operand, context.node)
+    return relax.op.broadcast_to(relax.const(fill, dtype), target)
+
+
+
+def expand(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], context: ConverterContext) -> relax.Expr:
+    """Expand, broadcasting both ways as ONNX defines it when the shape is only known at run time.
+
+    A shape known at import (a constant, a shape expression, or arithmetic on dims) goes to TVM's converter.
+    For one read from a tensor at run time, TVM broadcast the input to the shape as given, so a 1 in the
+    shape where the input has 3 gave 1 (wrong numbers, no error); here each output dim is the larger of the
+    two, the broadcast of valid operands.
+    """
+    data, shape_operand = inputs[0], inputs[1]
+    if isinstance(shape_operand, (relax.ShapeExpr, tvm.ir.GenericConst)):
+        return context.tvm_convert("Expand", inputs)
+    values = symbolic_ints(bb, shape_operand)
+    if values is not None:
+        return context.tvm_convert("Expand", [data, relax.ShapeExpr(values)])
+    data_dims = static_or_symbolic_dims(data)
+    if data_dims is None:
+        raise ValueError(f"Expand {context.node!r}: the input's rank must be known, given {data.ty}")
+    target = list(_run_time_shape(bb, shape_operand, context.node, "Expand").values)
+    rank = max(len(target), len(data_dims))
+    one = tirx.IntImm("int64", 1)
+    data_dims = [one] * (rank - len(data_dims)) + data_dims
+    target = [one] * (rank - len(target)) + target
+    if len(data_dims) != data.ty.ndim:
+        data = bb.emit(relax.op.reshape(data, relax.ShapeExpr(data_dims)))
+    return relax.op.broadcast_to(data, relax.ShapeExpr([tirx.max(a, b) for a, b in zip(data_dims, target)]))
+
+
+def static_or_symbolic_dims(expr: relax.Expr) -> list[Any] | None:
+    """The dims of a tensor whose shape is a shape expression (static or symbolic), else None."""
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    return list(ty.shape.values)
 
 
 _SCALAR_ATTRS = {
@@ -87,7 +202,8 @@ def constant(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
     return relax.const(array, str(array.dtype))  # relax.const alone narrows int64 to int32
 
 
-CONVERTERS = {"Shape": shape, "Size": size, "Constant": constant}
+CONVERTERS = {"Shape": shape, "Size": size, "Constant": constant, "ConstantOfShape": constant_of_shape,
+              "Expand": expand}
 
 
 def center_crop_pad(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],

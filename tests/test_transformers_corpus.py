@@ -1,0 +1,197 @@
+"""Real architectures from Hugging Face ``transformers``, through every export route users take, against torch.
+
+The models (``hf_models``) are the real implementations at a tiny size with
+random weights: BERT, DistilBERT, RoBERTa, GPT-2, the T5 encoder, ViT,
+MobileViT and the Whisper encoder. Each goes through two routes or more
+(GPT-2 three), and each route takes two models or more:
+
+* ``torchscript<opset>``: ``torch.onnx.export(..., dynamo=False)`` at opset 14
+  or 17, then ``forge.from_onnx``; ``-dynamic`` exports the batch (and, for
+  text, the sequence) as dynamic axes, and the import runs at two sizes;
+* ``dynamo``: ``torch.onnx.export(..., dynamo=True)`` (opset 18), then ``forge.from_onnx``;
+* ``from_torch``: ``forge.from_torch`` on the module (``torch.export``, or
+  its ONNX fallback where that route fails, as for GPT-2);
+* ``from_torch-traced``: ``forge.from_torch`` on ``torch.jit.trace(module)``.
+
+Outputs are compared with the module itself on random inputs (rtol 1e-4,
+atol 1e-4 of the output's largest magnitude), through the inference function
+and, for the cases marked ``compile``, through the compiled artifact run by
+``forge.Runtime``.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import pytest
+
+torch = pytest.importorskip("torch", reason="the torch extra is installed by ./scripts/setup")
+pytest.importorskip("transformers", reason="transformers is in the test extra")
+
+from hf_models import ARCHITECTURES, Architecture  # noqa: E402
+
+import forge  # noqa: E402
+
+pytestmark = pytest.mark.corpus
+
+RTOL = 1e-4
+BATCH, LENGTH = 2, 12
+OTHER_SIZES = (3, 7)  # a second (batch, sequence length) for dynamic imports
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str
+    route: str
+    compile: bool = False
+
+    @property
+    def id(self) -> str:
+        return f"{self.model}-{self.route}" + ("-compile" if self.compile else "")
+
+
+# Verification mode (FORGE_VERIFY=1, which the test suite turns on) rejects two artifacts whose outputs are
+# right without it (checked at 1e-6): kept as strict xfails, to notice the fix.
+VERIFY_SYMBOLIC = pytest.mark.xfail(
+    strict=True, raises=forge.CompilationError,
+    reason="FORGE_VERIFY=1: forge_core/schedules/verify.py _params cannot build test inputs for symbolic shapes: "
+           "'CompilationError: Building for llvm ... failed: shape is only available on a Var with BufferType' "
+           "(the artifact is right at two sizes without verification)")
+VERIFY_BOOL_MAX = pytest.mark.xfail(
+    strict=True, raises=forge.CompilationError,
+    reason="FORGE_VERIFY=1: 'ScheduleVerificationError: function fused_equal_tir_logical_not_cast_max as scheduled "
+           "by Generic differs from its unscheduled form in output lv53_red_intermediate: max |error| 2, max "
+           "|reference| 1' (the artifact's outputs are right without verification)")
+
+CASES = [
+    pytest.param(Case("bert", "torchscript14-dynamic", compile=True), marks=VERIFY_SYMBOLIC),
+    Case("bert", "from_torch"),
+    Case("distilbert", "torchscript14", compile=True),
+    Case("distilbert", "dynamo"),
+    Case("roberta", "torchscript17-dynamic"),
+    Case("roberta", "from_torch-traced"),
+    Case("gpt2", "torchscript14-dynamic"),
+    Case("gpt2", "from_torch", compile=True),
+    Case("gpt2", "dynamo"),
+    Case("t5-encoder", "torchscript17-dynamic"),
+    Case("t5-encoder", "from_torch-traced"),
+    Case("vit", "torchscript17"),
+    pytest.param(Case("vit", "from_torch", compile=True), marks=VERIFY_BOOL_MAX),
+    Case("mobilevit", "torchscript17"),
+    Case("mobilevit", "from_torch-traced"),
+    Case("whisper-encoder", "torchscript14"),
+    Case("whisper-encoder", "from_torch"),
+]
+
+# torch's own dynamo exporter fails on the T5 encoder before Forge sees a graph; kept to notice a fix.
+T5_DYNAMO = pytest.param(
+    Case("t5-encoder", "dynamo"), id="t5-encoder-dynamo",
+    marks=pytest.mark.xfail(
+        strict=True, raises=Exception,
+        reason="torch.onnx.export(dynamo=True) itself fails in its decomposition step (torch 2.13): ValueError: "
+               "Cannot view a tensor with shape torch.Size([2, 12, 4, 8]) and strides (384, 8, 96, 1) as a "
+               "tensor with shape (2, 12, 32) (T5Attention's view after SDPA); no ONNX model reaches Forge"))
+
+
+def reference(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> np.ndarray:
+    with torch.no_grad():
+        return model(*inputs).numpy()
+
+
+def assert_close(got, want: np.ndarray) -> None:
+    got = got[0] if isinstance(got, list) else got
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * float(np.abs(want).max()))
+
+
+def export_torchscript(model, inputs, arch: Architecture, opset: int, dynamic: bool) -> onnx.ModelProto:
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
+        torch.onnx.export(model, inputs, buffer, input_names=list(arch.input_names), output_names=["output"],
+                          opset_version=opset, dynamo=False, dynamic_axes=arch.dynamic_axes if dynamic else None)
+    return onnx.load_from_string(buffer.getvalue())
+
+
+def export_dynamo(model, inputs, arch: Architecture) -> onnx.ModelProto:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(model, inputs, input_names=list(arch.input_names), opset_version=18,
+                                    dynamo=True, verbose=False)
+    return program.model_proto
+
+
+def load(case: Case, model, inputs, arch: Architecture) -> forge.IRModule:
+    route = case.route
+    if route.startswith("torchscript"):
+        opset = int(route.removeprefix("torchscript").split("-")[0])
+        return forge.from_onnx(export_torchscript(model, inputs, arch, opset, route.endswith("-dynamic")))
+    if route == "dynamo":
+        return forge.from_onnx(export_dynamo(model, inputs, arch))
+    if route == "from_torch":
+        return forge.from_torch(model, example_inputs=inputs)
+    if route == "from_torch-traced":
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # TracerWarnings on the models' Python-side shape checks
+            traced = torch.jit.trace(model, inputs)
+        infos = [(name, (tuple(t.shape), str(t.dtype))) for name, t in zip(arch.input_names, inputs)]
+        return forge.from_torch(traced, infos)
+    raise AssertionError(f"unknown route {route}")
+
+
+def check(case: Case, tmp_path) -> None:
+    arch = ARCHITECTURES[case.model]
+    model = arch.build(seed=len(case.id))
+    inputs = arch.inputs(BATCH, LENGTH, seed=1)
+    ir = load(case, model, inputs, arch)
+    assert ir.input_names == list(arch.input_names)
+    run = ir.get_inference_function()
+    sizes = [(BATCH, LENGTH)]
+    if case.route.endswith("-dynamic"):
+        dynamic_axes = [sorted(arch.dynamic_axes[name]) for name in arch.input_names]
+        assert [[axis for axis, size in enumerate(shape) if size == forge.DYNAMIC_DIM]
+                for shape in ir.input_shapes] == dynamic_axes
+        sizes.append(OTHER_SIZES)
+    for batch, length in sizes:
+        values = arch.inputs(batch, length, seed=batch + length)
+        assert_close(run(*[v.numpy() for v in values]), reference(model, values))
+    if case.compile:
+        ir.compile(output_path=tmp_path / "artifact")
+        runtime = forge.Runtime(tmp_path / "artifact")
+        for batch, length in sizes:
+            values = arch.inputs(batch, length, seed=batch * length)
+            assert_close(runtime.infer(*[v.numpy() for v in values]), reference(model, values))
+
+
+def _param(case: Case | object) -> object:
+    if isinstance(case, Case):
+        return pytest.param(case, id=case.id)
+    return pytest.param(*case.values, id=case.values[0].id, marks=case.marks)
+
+
+@pytest.mark.parametrize("case", [_param(c) for c in CASES] + [T5_DYNAMO])
+def test_transformers_architecture(case, tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="forge.torch"):
+        check(case, tmp_path)
+    if case.model == "gpt2" and case.route == "from_torch":
+        # torch's decomposition of GPT-2's exported program fails (a view's strides after SDPA): the
+        # ONNX fallback takes it, saying so once.
+        fallbacks = [r.getMessage() for r in caplog.records if r.name == "forge.torch"]
+        assert len(fallbacks) == 1 and "decomposition to core ATen failed" in fallbacks[0]
+
+
+def test_every_architecture_and_route_is_covered():
+    """The matrix above covers every model through two routes or more, and every route with two models or more."""
+    cases = [c if isinstance(c, Case) else c.values[0] for c in CASES]
+    models = {c.model for c in cases}
+    assert models == set(ARCHITECTURES)
+    for model in models:
+        assert len([c for c in cases if c.model == model]) >= 2, model
+    for route in {c.route for c in cases}:
+        assert len({c.model for c in cases if c.route == route}) >= 2, route
+    assert len({c.model for c in cases if c.compile}) >= 3
