@@ -150,3 +150,19 @@ def test_cli_compile_verify(tmp_path):
     done = subprocess.run([FORGE, "--debug", "compile", str(path), "-o", str(tmp_path / "b")],
                           capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0 and "forge.verify" not in done.stderr
+
+
+@pytest.mark.parametrize("opt_level", [0, 3])
+def test_bool_stages_are_not_vectorized(opt_level):
+    # ViT's attention mask: any(x != -inf) along the keys, as Equal, Not, Cast, ReduceMax. Vectorized
+    # stores of bool gave -1 where 1 was right (found by verification mode on the corpus).
+    x = RNG.standard_normal((2, 4, 17, 17)).astype(np.float32)
+    x[0, 1, 2, :] = -np.inf
+    nodes = [helper.make_node("Equal", ["x", "minus_inf"], ["eq"]), helper.make_node("Not", ["eq"], ["keep"]),
+             helper.make_node("Cast", ["keep"], ["as_int"], to=TensorProto.INT8),
+             helper.make_node("ReduceMax", ["as_int"], ["y"], axes=[-1], keepdims=1)]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                       [helper.make_tensor_value_info("y", TensorProto.INT8, [2, 4, 17, 1])],
+                       [numpy_helper.from_array(np.array(-np.inf, np.float32), "minus_inf")])
+    (expected,) = ort_run(model, {"x": x})
+    np.testing.assert_array_equal(compile_to_function(forge.from_onnx(model), opt_level=opt_level)(x), expected)

@@ -55,21 +55,8 @@ class Case:
         return f"{self.model}-{self.route}" + ("-compile" if self.compile else "")
 
 
-# Verification mode (FORGE_VERIFY=1, which the test suite turns on) rejects two artifacts whose outputs are
-# right without it (checked at 1e-6): kept as strict xfails, to notice the fix.
-VERIFY_SYMBOLIC = pytest.mark.xfail(
-    strict=True, raises=forge.CompilationError,
-    reason="FORGE_VERIFY=1: forge_core/schedules/verify.py _params cannot build test inputs for symbolic shapes: "
-           "'CompilationError: Building for llvm ... failed: shape is only available on a Var with BufferType' "
-           "(the artifact is right at two sizes without verification)")
-VERIFY_BOOL_MAX = pytest.mark.xfail(
-    strict=True, raises=forge.CompilationError,
-    reason="FORGE_VERIFY=1: 'ScheduleVerificationError: function fused_equal_tir_logical_not_cast_max as scheduled "
-           "by Generic differs from its unscheduled form in output lv53_red_intermediate: max |error| 2, max "
-           "|reference| 1' (the artifact's outputs are right without verification)")
-
 CASES = [
-    pytest.param(Case("bert", "torchscript14-dynamic", compile=True), marks=VERIFY_SYMBOLIC),
+    Case("bert", "torchscript14-dynamic", compile=True),
     Case("bert", "from_torch"),
     Case("distilbert", "torchscript14", compile=True),
     Case("distilbert", "dynamo"),
@@ -81,7 +68,7 @@ CASES = [
     Case("t5-encoder", "torchscript17-dynamic"),
     Case("t5-encoder", "from_torch-traced"),
     Case("vit", "torchscript17"),
-    pytest.param(Case("vit", "from_torch", compile=True), marks=VERIFY_BOOL_MAX),
+    Case("vit", "from_torch", compile=True),
     Case("mobilevit", "torchscript17"),
     Case("mobilevit", "from_torch-traced"),
     Case("whisper-encoder", "torchscript14"),

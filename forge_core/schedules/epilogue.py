@@ -42,7 +42,11 @@ def parallel_vectorized(sch: s_tir.Schedule, block: s_tir.SBlockRV, lanes: int) 
     if inner_extent and inner_extent > lanes and inner_extent % lanes == 0:
         outer, inner = sch.split(inner, [None, lanes])
         outer_loops.append(outer)
-    if inner_extent and inner_extent >= 4 and (inner_extent <= lanes or inner_extent % lanes == 0):
+    # A vectorized bool store is wrong in LLVM 22's codegen here: bool buffers are bytes, and a vector
+    # of i1 results stored into them read back as -1/-2 once cast (ViT's attention-mask "any" reduction).
+    stores_bool = any(str(region.source.dtype) == "bool" for region in sch.get(block).writes)
+    if inner_extent and inner_extent >= 4 and (inner_extent <= lanes or inner_extent % lanes == 0) \
+            and not stores_bool:
         sch.vectorize(inner)
     if outer_loops and total >= PARALLEL_MIN_ELEMENTS:
         fused = sch.fuse(*outer_loops) if len(outer_loops) > 1 else outer_loops[0]
