@@ -46,6 +46,16 @@ def run_passes(mod: tvm.IRModule, names: Iterable[str], context: PassContext | N
     return mod
 
 
+def replace_functions(mod: tvm.IRModule, updated: Mapping[tvm.ir.GlobalVar, tvm.ir.BaseFunc]) -> tvm.IRModule:
+    """``mod`` with the functions in ``updated`` replaced (``mod`` itself when there are none)."""
+    if not updated:
+        return mod
+    result = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+    for gv, func in updated.items():
+        result[gv] = func
+    return result
+
+
 def rewrite_functions(mod: tvm.IRModule, pattern: dpl.DFPattern,
                       rewrite: Callable[[relax.Expr, dict], relax.Expr]) -> tvm.IRModule:
     """``mod`` with every match of ``pattern`` in its Relax functions replaced by ``rewrite(expr, matches)``."""

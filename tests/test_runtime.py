@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -9,9 +10,11 @@ import sys
 import numpy as np
 import pytest
 from model_factory import conv_bn_net, two_io_net
+from onnx import TensorProto, helper, numpy_helper
 
 import forge
 from forge_core.runtime import Runtime
+from forge_core.runtime.profiling import fallback_share, format_profile
 
 X = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
 
@@ -142,3 +145,35 @@ def test_the_runtime_imports_no_frontend(compiled):
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_the_artifact_records_each_kernels_schedule_and_the_profile_its_fallback_share(tmp_path):
+    # A convolution network (scheduled kernels) followed by TopK and CumSum (no schedule takes them).
+    conv = conv_bn_net(seed=22)
+    graph = conv.graph
+    graph.node.extend([helper.make_node("TopK", [graph.output[0].name, "k"], ["top", "top_index"], axis=-1),
+                       helper.make_node("CumSum", ["top", "axis"], ["y"])])
+    graph.initializer.extend([numpy_helper.from_array(np.array([4], np.int64), "k"),
+                              numpy_helper.from_array(np.array(1, np.int64), "axis")])
+    del graph.output[:]
+    graph.output.append(helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4]))
+    ir = forge.from_onnx(conv)
+    ir.compile(output_path=tmp_path / "a", export_metadata=True)
+    runtime = Runtime(tmp_path / "a")
+    schedules = runtime.get_metadata()["schedules"]
+    assert schedules["fallbacks"] == ["cumsum", "topk"]
+    assert {schedules["rules"][name] for name in ("cumsum", "topk")} == {"unscheduled"}
+    assert any(rule not in ("unscheduled", "Generic") for rule in schedules["rules"].values())
+    file_document = json.loads((tmp_path / "a" / "model_metadata.json").read_text())
+    assert file_document["schedules"] == schedules
+    rows = runtime.profile(repeat=3)
+    kernels = {row.name: row for row in rows if row.rule is not None}
+    # Every kernel called has its rule (a reshape may become the VM's builtin view, and is then not called).
+    assert {row.name for row in rows if not row.name.startswith("vm.builtin.")} == set(kernels)
+    assert set(kernels) <= set(schedules["rules"]) and any(name.startswith("fused_conv2d") for name in kernels)
+    assert kernels["topk"].fallback and kernels["cumsum"].fallback
+    assert not any(row.fallback for name, row in kernels.items() if name not in ("topk", "cumsum"))
+    share = fallback_share(rows)
+    assert share == pytest.approx(kernels["topk"].share + kernels["cumsum"].share) and 0 < share < 1
+    text = format_profile(rows)
+    assert "topk" in text and "unscheduled (fallback)" in text and f"{100 * share:.1f}%" in text

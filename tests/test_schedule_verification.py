@@ -89,6 +89,55 @@ def test_an_output_element_the_schedule_never_writes_is_a_mismatch():
     assert verify_function("add_fn", "Same", _add_reference, _add_reference, tvm.target.Target("llvm")) is None
 
 
+@T.prim_func(s_tir=True)
+def _divide(a: T.Buffer((4, 16), "int32"), b: T.Buffer((4, 16), "int32"), out: T.Buffer((4, 16), "int32")):
+    for i, j in T.grid(4, 16):
+        with T.sblock("divide"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            out[vi, vj] = T.truncdiv(a[vi, vj], b[vi, vj])
+
+
+@T.prim_func(s_tir=True)
+def _gather_divide(a: T.Buffer((4, 16), "int32"), index: T.Buffer((4,), "int64"), out: T.Buffer((4, 16), "int32")):
+    for i, j in T.grid(4, 16):
+        with T.sblock("gather_divide"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            out[vi, vj] = T.floordiv(a[vi, vj], a[index[vi], vj])
+
+
+@T.prim_func(s_tir=True)
+def _float_addressed(a: T.Buffer((16,), "float32"), where: T.Buffer((4,), "float32"), out: T.Buffer((4,), "float32")):
+    for i in range(4):
+        with T.sblock("sample"):
+            vi = T.axis.spatial(4, i)
+            out[vi] = a[T.Cast("int32", where[vi] * T.float32(4))]
+
+
+def test_functions_that_address_memory_from_float_data_are_not_verified():
+    # RoiAlign: random boxes address outside the image; both runs would read garbage (found on ONNX's
+    # test_roialign_aligned_false).
+    assert verify_function("sample", "Same", _float_addressed, _float_addressed,
+                           tvm.target.Target("llvm")) == "it computes addresses from floating-point data"
+
+
+@pytest.mark.parametrize("opt_level", [0, 3])
+@pytest.mark.parametrize("dtype", [TensorProto.INT32, TensorProto.UINT32, TensorProto.INT64, TensorProto.UINT8])
+def test_integer_division_is_verified_without_dividing_by_zero(dtype, opt_level, tmp_path):
+    # Wider integers used to be 0 in verification (indices): an integer Div then trapped with SIGFPE and took
+    # the process down (ONNX's test_div_int32_trunc and test_div_uint* conformance cases).
+    model = make_model([helper.make_node("Div", ["a", "b"], ["y"], name="div")],
+                       [helper.make_tensor_value_info(n, dtype, [3, 33]) for n in ("a", "b")],
+                       [helper.make_tensor_value_info("y", dtype, [3, 33])])
+    numpy_type = helper.tensor_dtype_to_np_dtype(dtype)
+    a = RNG.integers(0, 120, (3, 33)).astype(numpy_type)
+    b = RNG.integers(1, 9, (3, 33)).astype(numpy_type)
+    (expected,) = ort_run(model, {"a": a, "b": b})
+    np.testing.assert_array_equal(compile_to_function(forge.from_onnx(model), opt_level=opt_level)(a, b), expected)
+    assert verify_function("divide", "Same", _divide, _divide, tvm.target.Target("llvm")) is None
+    assert verify_function("gather_divide", "Same", _gather_divide, _gather_divide,
+                           tvm.target.Target("llvm")) == "it divides by integers it also indexes with"
+
+
 class _SubtractInsteadOfAdd:
     """A third-party schedule pass with a bug: it replaces every ``add`` function by a subtraction."""
 

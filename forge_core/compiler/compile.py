@@ -122,12 +122,15 @@ def compile_module(
     mod[schema.METADATA_FUNCTION] = metadata_function(document)
 
     report(f"Building for {document['target']['string']}")
+    schedules: dict[str, Any] = {}
     try:
-        executable = build(mod, tvm_target, options.opt_level, database)
+        executable = build(mod, tvm_target, options.opt_level, database, schedules)
     except ForgeError:
         raise
     except Exception as exc:  # noqa: BLE001 - TVM and LLVM fail with many error types
         raise CompilationError(f"Building for {document['target']['string']} failed: {exc}") from exc
+    if schedules:
+        document["schedules"] = schedules  # as the build embedded it
     artifact = Artifact(executable, tvm_target, options, final_ir, document, toolchain)
 
     report(f"Writing {', '.join(e.format for e in exporters)} to {options.output_path} ({toolchain.description})")

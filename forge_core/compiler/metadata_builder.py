@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Any
 
 import tvm
@@ -86,3 +87,22 @@ def metadata_function(document: dict[str, Any]) -> relax.Function:
     with bb.function(schema.METADATA_FUNCTION, [], pure=True):
         bb.emit_func_output(tvm.ir.StringImm(schema.dumps(document)))
     return bb.get()[schema.METADATA_FUNCTION]
+
+
+def schedules_entry(report: dict[str, list[str]], fallback_rules: tuple[str, ...]) -> dict[str, Any]:
+    """The ``schedules`` metadata entry: each kernel's schedule rule, and the kernels that fell back."""
+    rules = {name: rule for rule, names in report.items() for name in names}
+    return {"rules": dict(sorted(rules.items())),
+            "fallbacks": sorted(name for name, rule in rules.items() if rule in fallback_rules)}
+
+
+def record_schedules(mod: tvm.IRModule, entry: dict[str, Any]) -> tvm.IRModule:
+    """``mod`` with ``entry`` added as ``schedules`` to the metadata document it carries, if it carries one."""
+    gvs = [gv for gv in mod.functions if gv.name_hint == schema.METADATA_FUNCTION]
+    if not gvs:
+        return mod
+    document = json.loads(str(mod[gvs[0]].body.body.value))  # SeqExpr(StringImm), as metadata_function builds
+    document["schedules"] = entry
+    result = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+    result[gvs[0]] = metadata_function(document)
+    return result

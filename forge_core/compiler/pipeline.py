@@ -19,6 +19,7 @@ import importlib
 import logging
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import tvm
 from tvm import relax
@@ -26,7 +27,8 @@ from tvm import relax
 from forge_core.compiler.options import CHANNEL_LAYOUTS, CompileOptions
 from forge_core.passes import PassContext, run_passes
 from forge_core.plugin_manager import get_plugin_manager
-from forge_core.schedules.apply import fold_repacked_weights, log_fallbacks, schedule_report
+from forge_core.compiler.metadata_builder import record_schedules, schedules_entry
+from forge_core.schedules.apply import FALLBACK_RULES, fold_repacked_weights, log_fallbacks, schedule_report
 from forge_core.schedules.verify import take_failure, verification_enabled, verify_schedules
 
 logger = logging.getLogger("forge.compile")
@@ -91,8 +93,8 @@ def lower_to_tir(mod: tvm.IRModule, target: tvm.target.Target, opt_level: int) -
         return tvm.transform.Sequential(lowering_passes(target, opt_level))(mod)
 
 
-def schedule_stage(target: tvm.target.Target, opt_level: int,
-                   tuning_database: Path | None = None) -> tvm.transform.Pass:
+def schedule_stage(target: tvm.target.Target, opt_level: int, tuning_database: Path | None = None,
+                   schedules: dict[str, Any] | None = None) -> tvm.transform.Pass:
     """Tuned schedules from ``tuning_database``, then the registered ``schedule`` passes.
 
     External plugins' schedule passes run before the built-in ones. Each pass
@@ -101,6 +103,10 @@ def schedule_stage(target: tvm.target.Target, opt_level: int,
     (:mod:`forge_core.schedules.verify`) every function a pass or a tuning
     record rewrote is checked against its unscheduled form. Last, the weight
     repacking stages the schedules marked run once, at compile time.
+
+    Which rule scheduled each kernel, and which kernels fell back, goes into
+    the metadata document the module carries (its ``schedules`` entry, which
+    ``forge run --profile`` reads) and, when given, into ``schedules``.
     """
     manager = get_plugin_manager()
     builtin = {info.name for info in manager.list_plugins() if info.builtin}
@@ -121,14 +127,19 @@ def schedule_stage(target: tvm.target.Target, opt_level: int,
             before, mod = mod, spec.transform(mod, context)
             if verify:
                 verify_schedules(before, mod, target, f"schedule pass {spec.name!r} of plugin {spec.plugin!r}")
-        log_fallbacks(schedule_report(mod))
-        return fold_repacked_weights(mod)
+        mod = fold_repacked_weights(mod)
+        report = schedule_report(mod)
+        log_fallbacks(report)
+        entry = schedules_entry(report, (*FALLBACK_RULES, "unscheduled"))
+        if schedules is not None:
+            schedules.update(entry)
+        return record_schedules(mod, entry)
 
     return _stage
 
 
-def build_pipeline(target: tvm.target.Target, opt_level: int,
-                   tuning_database: Path | None = None) -> tvm.transform.Pass:
+def build_pipeline(target: tvm.target.Target, opt_level: int, tuning_database: Path | None = None,
+                   schedules: dict[str, Any] | None = None) -> tvm.transform.Pass:
     """TVM's build for ``target``, with Forge's legalization, fusion and schedules."""
 
     @tvm.transform.module_pass(opt_level=0, name="forge_build")
@@ -137,7 +148,7 @@ def build_pipeline(target: tvm.target.Target, opt_level: int,
         with target:
             stages = (
                 lowering_passes(target, opt_level)
-                + [schedule_stage(target, opt_level, tuning_database)]
+                + [schedule_stage(target, opt_level, tuning_database, schedules)]
                 + list(stages_of.dataflow_lower_passes(target))
                 + list(stages_of.finalize_passes(target))
             )
@@ -168,12 +179,15 @@ def with_fast_math(target: tvm.target.Target) -> tvm.target.Target:
 
 
 def build(mod: tvm.IRModule, target: tvm.target.Target, opt_level: int,
-          tuning_database: Path | None = None) -> relax.VMExecutable:
-    """Lower and build ``mod`` into a VM executable, with tuned schedules from ``tuning_database``."""
+          tuning_database: Path | None = None, schedules: dict[str, Any] | None = None) -> relax.VMExecutable:
+    """Lower and build ``mod`` into a VM executable, with tuned schedules from ``tuning_database``.
+
+    ``schedules``, when given, receives the metadata's ``schedules`` entry (see :func:`schedule_stage`).
+    """
     if opt_level >= 4:
         target = with_fast_math(target)
     with tvm.transform.PassContext(opt_level=opt_level):
-        pipeline = build_pipeline(target, opt_level, tuning_database)
+        pipeline = build_pipeline(target, opt_level, tuning_database, schedules)
         take_failure()
         try:
             return tvm.compile(mod, target=target, relax_pipeline=pipeline)

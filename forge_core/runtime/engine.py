@@ -91,12 +91,14 @@ class Runtime:
     def profile(self, *arrays: Any, repeat: int = 10) -> list[FunctionTime]:
         """Time every function the model calls, over ``repeat`` runs; slowest first.
 
-        Inputs as for :meth:`infer` (random ones when none are given).
+        Inputs as for :meth:`infer` (random ones when none are given). Each
+        row names the schedule rule of its kernel and whether it fell back
+        (:func:`forge_core.runtime.profiling.fallback_share` sums those).
         """
         checked = check_inputs(self._inputs, arrays or self.example_inputs())
         args = [tvm.runtime.tensor(a, self._device) for a in checked]
         self._main(*args)
-        return profile_calls(self._vm, lambda: self._main(*args), repeat)
+        return profile_calls(self._vm, lambda: self._main(*args), repeat, self._metadata.get("schedules"))
 
     def example_inputs(self, seed: int = 0) -> list[np.ndarray]:
         """Random inputs matching the signature (dynamic dimensions set to 1)."""

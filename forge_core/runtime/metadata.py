@@ -27,6 +27,10 @@ Schema, version 1 (``schema_version``)::
     opt_level        0..4
     created          UTC creation time, ISO 8601
     encrypted        false (encrypted artifacts arrive with a later release)
+    schedules        optional: {"rules": {kernel: schedule rule}, "fallbacks": [kernels]},
+                     the rule that scheduled each kernel, and the kernels that
+                     fell back to the generic schedule or to none (absent
+                     from artifacts compiled before Forge recorded it)
     library          only in model_metadata.json: {"file": "model_library.so", "sha256": ...}
 """
 
@@ -100,6 +104,12 @@ JSON_SCHEMA: dict[str, Any] = {
         "opt_level": {"type": "integer", "minimum": 0, "maximum": 4},
         "created": {"type": "string", "pattern": "^\\d{4}-\\d{2}-\\d{2}T\\d{2}:\\d{2}:\\d{2}Z$"},
         "encrypted": {"type": "boolean"},
+        "schedules": {
+            "type": "object",
+            "required": ["rules", "fallbacks"],
+            "properties": {"rules": {"type": "object", "additionalProperties": {"type": "string"}},
+                           "fallbacks": {"type": "array", "items": {"type": "string"}}},
+        },
         "library": {
             "type": "object",
             "required": ["file", "sha256"],

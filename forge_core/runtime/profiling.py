@@ -9,7 +9,7 @@ for small functions.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,14 +26,25 @@ class FunctionTime:
     calls: int
     total_ms: float
     share: float
+    rule: str | None = None
+    """The schedule rule that scheduled the kernel, from the artifact's metadata (None: not recorded, or not a
+    kernel, such as a VM builtin)."""
+    fallback: bool = False
+    """Whether the kernel fell back to the generic schedule or to none."""
 
     @property
     def mean_ms(self) -> float:
         return self.total_ms / self.calls if self.calls else 0.0
 
 
-def profile_calls(vm: relax.VirtualMachine, run: Callable[[], Any], repeat: int) -> list[FunctionTime]:
-    """Run ``run`` ``repeat`` times with every VM call timed; slowest functions first."""
+def profile_calls(vm: relax.VirtualMachine, run: Callable[[], Any], repeat: int,
+                  schedules: Mapping[str, Any] | None = None) -> list[FunctionTime]:
+    """Run ``run`` ``repeat`` times with every VM call timed; slowest functions first.
+
+    ``schedules`` is the artifact metadata's ``schedules`` entry: each row then names its kernel's rule.
+    """
+    rules = dict((schedules or {}).get("rules", {}))
+    fallbacks = set((schedules or {}).get("fallbacks", ()))
     totals: dict[str, list[float]] = {}
     started: list[float] = []
 
@@ -53,14 +64,23 @@ def profile_calls(vm: relax.VirtualMachine, run: Callable[[], Any], repeat: int)
     finally:
         vm.set_instrument(lambda *args: _NO_OP)
     grand = sum(seconds for _, seconds in totals.values()) or 1.0
-    rows = [FunctionTime(name, int(calls) // max(repeat, 1), seconds * 1000 / max(repeat, 1), seconds / grand)
+    rows = [FunctionTime(name, int(calls) // max(repeat, 1), seconds * 1000 / max(repeat, 1), seconds / grand,
+                         rules.get(name), name in fallbacks)
             for name, (calls, seconds) in totals.items()]
     return sorted(rows, key=lambda row: -row.total_ms)
 
 
+def fallback_share(rows: Sequence[FunctionTime]) -> float:
+    """The share of the profiled time spent in kernels that fell back to the generic schedule or to none."""
+    return sum(row.share for row in rows if row.fallback)
+
+
 def format_profile(rows: Sequence[FunctionTime], limit: int = 25) -> str:
-    """A text table of the slowest functions (per run)."""
+    """A text table of the slowest functions (per run), with each kernel's schedule rule and the fallback share."""
     width = max((len(r.name) for r in rows[:limit]), default=8)
-    lines = [f"{'function':<{width}}  calls  ms/run   share"]
-    lines += [f"{r.name:<{width}}  {r.calls:>5}  {r.total_ms:>6.3f}  {100 * r.share:>5.1f}%" for r in rows[:limit]]
+    lines = [f"{'function':<{width}}  calls  ms/run   share  schedule"]
+    lines += [f"{r.name:<{width}}  {r.calls:>5}  {r.total_ms:>6.3f}  {100 * r.share:>5.1f}%  "
+              f"{(r.rule or '-') + (' (fallback)' if r.fallback else '')}" for r in rows[:limit]]
+    if any(r.rule is not None for r in rows):
+        lines.append(f"time in fallback kernels: {100 * fallback_share(rows):.1f}%")
     return "\n".join(lines)

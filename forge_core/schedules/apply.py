@@ -10,6 +10,7 @@ import tvm
 from tvm import relax, s_tir, tirx
 from tvm.s_tir import dlight
 
+from forge_core.passes import replace_functions
 from forge_core.schedules.blocks import blocks
 from forge_core.schedules.conv2d import PREPACK, Conv2dNCHW
 from forge_core.schedules.conv_nd import ConvNCX, GroupedConvNCX
@@ -65,12 +66,7 @@ def apply_rules(mod: tvm.IRModule, target: tvm.target.Target, rules: Sequence[dl
                 scheduled = sch.mod["main"].with_attr(SCHEDULED_ATTR, True).with_attr(RULE_ATTR, name)
                 updated[gv] = scheduled
                 break
-    if not updated:
-        return mod
-    result = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
-    for gv, func in updated.items():
-        result[gv] = func
-    return result
+    return replace_functions(mod, updated)
 
 
 def _has_prepack(func: tirx.PrimFunc) -> bool:
@@ -117,6 +113,6 @@ def log_fallbacks(report: dict[str, list[str]]) -> None:
         if report.get(rule):
             logger.info(
                 "%d function(s) fell back to %s: %s", len(report[rule]),
-                "the generic parallel schedule" if rule != "unscheduled" else "no schedule (dynamic shapes)",
+                "the generic parallel schedule" if rule != "unscheduled" else "no schedule (dynamic shapes, or opaque kernels such as sorts)",
                 ", ".join(sorted(report[rule])),
             )

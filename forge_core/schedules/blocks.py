@@ -66,6 +66,27 @@ def largest_divisor(n: int, cap: int) -> int:
 
 
 @dataclass(frozen=True)
+class PlaneLoops:
+    """The loops of an ``N, C, spatial..., window...`` block, and the tile of its last spatial loop (the row)."""
+
+    n: s_tir.LoopRV
+    c: s_tir.LoopRV
+    outer: list[s_tir.LoopRV]
+    x: s_tir.LoopRV
+    window: list[s_tir.LoopRV]
+    tile_x: int
+
+
+def plane_loops(sch: s_tir.Schedule, block: s_tir.SBlockRV, rank: int, max_tile: int) -> PlaneLoops:
+    """``block``'s loops split as :class:`PlaneLoops`; the row tile is the row, or its largest divisor up to ``max_tile``."""
+    loops = sch.get_loops(block)
+    n, c, *spatial = loops[:2 + rank]
+    width = extent(sch, spatial[-1]) or 1
+    tile_x = width if width <= max_tile else largest_divisor(width, max_tile)
+    return PlaneLoops(n, c, list(spatial[:-1]), spatial[-1], list(loops[2 + rank:]), tile_x)
+
+
+@dataclass(frozen=True)
 class VectorUnit:
     """What the target's SIMD unit holds: bits per register and how many registers."""
 

@@ -35,7 +35,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight
 from tvm.sym.pattern import detect_linear_equation
 
-from forge_core.schedules.blocks import blocks, extent, largest_divisor, name_of, sole_block, vector_unit
+from forge_core.schedules.blocks import blocks, extent, largest_divisor, name_of, plane_loops, sole_block, vector_unit
 from forge_core.schedules.conv2d import NARROW_ROW, PREPACK
 from forge_core.schedules.epilogue import attach_epilogue, schedule_padding, split_epilogue
 from forge_core.schedules.rewrite import alloc, dtype_of, load, replace_stages, shape_of, stage
@@ -212,12 +212,8 @@ class GroupedConvNCX(dlight.ScheduleRule):
         sch, conv, rank = found
         dtype = str(sch.get(conv).writes[0].source.dtype)
         lanes = vector_unit(target).lanes(dtype)
-        loops = sch.get_loops(conv)
-        n, c, *spatial = loops[:2 + rank]
-        reduction = loops[2 + rank:]
-        outer, x = spatial[:-1], spatial[-1]
-        width = extent(sch, x)
-        tile_x = width if width <= MAX_ROW_TILE else largest_divisor(width, MAX_ROW_TILE)
+        p = plane_loops(sch, conv, rank, MAX_ROW_TILE)
+        n, c, outer, x, reduction, tile_x = p.n, p.c, p.outer, p.x, p.window, p.tile_x
 
         epilogue = split_epilogue(sch, conv)
         x_outer, x_inner = sch.split(x, [None, tile_x])

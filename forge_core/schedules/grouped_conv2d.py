@@ -40,7 +40,7 @@ class GroupedConv2dNCHW(dlight.ScheduleRule):
         planes = sch.fuse(n, c)
         sch.parallel(planes)
         pads = [b for b in blocks(sch) if name_of(sch, b).startswith("pad_temp")]
-        deinterleaved = [stride == 2 and _deinterleave(sch, pad) for pad in pads]
+        deinterleaved = [stride == 2 and deinterleave(sch, pad) for pad in pads]
         if len(pads) == 1 and extent(sch, rc) == 1:
             sch.compute_at(pads[0], planes)
             if deinterleaved[0]:
@@ -51,7 +51,7 @@ class GroupedConv2dNCHW(dlight.ScheduleRule):
         return sch
 
 
-def _deinterleave(sch: s_tir.Schedule, pad: s_tir.SBlockRV) -> bool:
+def deinterleave(sch: s_tir.Schedule, pad: s_tir.SBlockRV) -> bool:
     """Store the padded rows as (even columns, odd columns), iterating in that order.
 
     A stride-2 row of outputs then reads contiguous vectors. Iterating the copy

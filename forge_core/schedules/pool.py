@@ -22,9 +22,9 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight
 
-from forge_core.schedules.blocks import blocks, extent, largest_divisor, name_of, sole_block, vector_unit, x_stride
+from forge_core.schedules.blocks import blocks, name_of, plane_loops, sole_block, vector_unit, x_stride
 from forge_core.schedules.epilogue import attach_epilogue, schedule_padding, split_epilogue
-from forge_core.schedules.grouped_conv2d import MAX_ROW_TILE, _deinterleave
+from forge_core.schedules.grouped_conv2d import MAX_ROW_TILE, deinterleave
 
 
 def _find(func: tirx.PrimFunc) -> tuple[s_tir.Schedule, s_tir.SBlockRV, int] | None:
@@ -45,12 +45,8 @@ class WindowPoolNCX(dlight.ScheduleRule):
         sch, pool, rank = found
         dtype = str(sch.get(pool).writes[0].source.dtype)
         lanes = vector_unit(target).lanes(dtype)
-        loops = sch.get_loops(pool)
-        n, c, *spatial = loops[:2 + rank]
-        window = loops[2 + rank:]
-        outer, x = spatial[:-1], spatial[-1]
-        width = extent(sch, x)
-        tile_x = width if width <= MAX_ROW_TILE else largest_divisor(width, MAX_ROW_TILE)
+        p = plane_loops(sch, pool, rank, MAX_ROW_TILE)
+        n, c, outer, x, window, tile_x = p.n, p.c, p.outer, p.x, p.window, p.tile_x
         stride = x_stride(sch, pool) if rank == 2 else 1
 
         epilogue = split_epilogue(sch, pool)
@@ -62,7 +58,7 @@ class WindowPoolNCX(dlight.ScheduleRule):
         sch.parallel(planes)
         pads = [b for b in blocks(sch) if name_of(sch, b).startswith("pad_temp")]
         if len(pads) == 1:
-            deinterleaved = rank == 2 and stride == 2 and _deinterleave(sch, pads[0])
+            deinterleaved = rank == 2 and stride == 2 and deinterleave(sch, pads[0])
             sch.compute_at(pads[0], planes)
             if deinterleaved:
                 sch.unroll(sch.get_loops(pads[0])[-2])  # the parity: constant in each copy loop

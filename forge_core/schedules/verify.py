@@ -28,7 +28,7 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -102,27 +102,87 @@ class VerificationReport:
     skipped: dict[str, str] = field(default_factory=dict)
 
 
-def _buffers(func: tirx.PrimFunc) -> tuple[set[int], set[str]]:
-    """The handles of the buffers any block of ``func`` writes, and the dtypes of every buffer a block touches.
+@dataclass
+class _Analysis:
+    """What the checker needs to know about an unscheduled function's blocks."""
 
-    ``func`` is unscheduled: all its computation is in blocks.
-    """
-    sch = s_tir.Schedule(func)
-    written: set[int] = set()
-    dtypes: set[str] = set()
-    pending = [get_root_block(sch)]
+    written: set[int] = field(default_factory=set)  # handles of the buffers a block writes
+    dtypes: set[str] = field(default_factory=set)  # of every buffer a block touches
+    divides_integers: bool = False  # an integer Div/Mod/FloorDiv/FloorMod by loaded integers
+    indirect: bool = False  # a load whose index is itself loaded (gather, take)
+    float_addressed: bool = False  # a load whose index is computed from loaded floats (RoiAlign, grid sampling)
+
+
+_DIVISIONS = (tirx.Div, tirx.Mod, tirx.FloorDiv, tirx.FloorMod)
+_LOAD = tvm.ir.expr.TensorLoad  # what tirx.BufferLoad builds
+_CHILDREN = ("a", "b", "value", "condition", "true_value", "false_value", "args", "indices", "body", "vectors")
+
+
+def _constant(expr: object) -> bool:
+    """Whether ``expr`` reads no buffer (loop variables and literals only)."""
+    return not _loads(expr, lambda load: True)
+
+
+def _loads(expr: object, which: Callable[[object], bool]) -> bool:
+    """Whether ``expr`` loads from a buffer, a load ``which`` accepts."""
+    pending = [expr]
     while pending:
-        block = pending.pop()
+        node = pending.pop()
+        if isinstance(node, _LOAD) and which(node):
+            return True
+        pending.extend(_children(node))
+    return False
+
+
+def _children(node: object) -> list[object]:
+    found: list[object] = []
+    for name in _CHILDREN:
+        child = getattr(node, name, None)
+        if child is None or isinstance(child, (str, int, float)):
+            continue
+        if isinstance(child, (tvm_ffi.Array, list, tuple)):
+            found.extend(child)
+        elif isinstance(child, (tvm.ir.expr.Expr, tirx.Stmt)):
+            found.append(child)
+    return found
+
+
+def _integer_load(load: object) -> bool:
+    return "int" in str(getattr(load, "ty", ""))
+
+
+def _analyse(func: tirx.PrimFunc) -> _Analysis:
+    """Walk the blocks of the unscheduled ``func`` (all its computation is in blocks)."""
+    sch = s_tir.Schedule(func)
+    analysis = _Analysis()
+    pending_blocks = [get_root_block(sch)]
+    while pending_blocks:
+        block = pending_blocks.pop()
         stmt = sch.get(block)
-        written.update(region.source.__chandle__() for region in stmt.writes)
-        dtypes.update(str(region.source.dtype) for region in (*stmt.reads, *stmt.writes))
-        pending.extend(sch.get_child_blocks(block))
-    return written, dtypes
+        analysis.written.update(region.source.__chandle__() for region in stmt.writes)
+        analysis.dtypes.update(str(region.source.dtype) for region in (*stmt.reads, *stmt.writes))
+        pending_blocks.extend(sch.get_child_blocks(block))
+        nodes: list[object] = [stmt.body] + ([stmt.init] if stmt.init is not None else [])
+        while nodes:
+            node = nodes.pop()
+            # A divisor computed from loaded integers (not floats cast to integers, as RoiAlign's bins).
+            if isinstance(node, _DIVISIONS) and "int" in str(node.ty) and _loads(node.b, _integer_load):
+                analysis.divides_integers = True
+            if isinstance(node, _LOAD) and not all(_constant(index) for index in node.indices):
+                analysis.indirect = True
+                if any(_loads(index, lambda load: "float" in str(getattr(load, "ty", ""))) for index in node.indices):
+                    analysis.float_addressed = True
+            if not isinstance(node, s_tir.stmt.SBlockRealize):
+                nodes.extend(_children(node))
+    return analysis
 
 
-def _params(func: tirx.PrimFunc) -> list[tuple[str, tuple[int, ...], str, bool]] | None:
-    """(name, shape, dtype, written) of each buffer parameter; None when a shape is symbolic or a param is not a buffer."""
-    written, _ = _buffers(func)
+def _params(func: tirx.PrimFunc, written: set[int]) -> list[tuple[str, tuple[int, ...], str, bool]] | None:
+    """(name, shape, dtype, written) of each buffer parameter; None when a shape is symbolic or a param is not a buffer.
+
+    ``written`` holds the handles of the buffers the unscheduled function writes; a scheduled function has the
+    same parameters, so the same set serves both.
+    """
     result = []
     for param in func.params:
         if not isinstance(param, tirx.Buffer):
@@ -133,13 +193,16 @@ def _params(func: tirx.PrimFunc) -> list[tuple[str, tuple[int, ...], str, bool]]
     return result
 
 
-def _random(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+def _random(rng: np.random.Generator, shape: tuple[int, ...], dtype: str, nonzero: bool) -> np.ndarray:
+    """Random content for an input buffer; ``nonzero`` integers are in [1, 100] (the function divides by them)."""
     kind = np.dtype(dtype).kind
     if kind == "f":
         return rng.standard_normal(shape).astype(dtype)
     if kind == "b":
         return rng.integers(0, 2, shape).astype(bool)
     info = np.iinfo(dtype)
+    if nonzero:
+        return rng.integers(1, min(int(info.max), 100) + 1, shape, dtype=dtype)
     if info.bits <= 16:
         return rng.integers(info.min, int(info.max) + 1, shape, dtype=dtype)
     return np.zeros(shape, dtype)  # indices and shapes: 0 is in range of any non-empty axis
@@ -185,8 +248,9 @@ def verify_function(name: str, rule: str, original: tirx.PrimFunc, scheduled: ti
 
     Raises :class:`ScheduleVerificationError` at the first output that differs.
     """
-    params = _params(original)
-    scheduled_params = _params(scheduled)
+    analysis = _analyse(original)
+    params = _params(original, analysis.written)
+    scheduled_params = _params(scheduled, set())
     if params is None or scheduled_params is None:
         return "symbolic shapes"
     if any(p[2] not in ("float16", "float32", "float64") and not p[2].startswith(("int", "uint", "bool"))
@@ -194,17 +258,24 @@ def verify_function(name: str, rule: str, original: tirx.PrimFunc, scheduled: ti
         return "a buffer type numpy cannot hold"
     if [p[1:3] for p in params] != [p[1:3] for p in scheduled_params]:
         return "the schedule changed the function's signature"
+    if analysis.float_addressed:
+        # Random floats (RoiAlign's boxes) address anywhere, in range or not; 0 keeps only integer indices in range.
+        return "it computes addresses from floating-point data"
+    if analysis.divides_integers and analysis.indirect:
+        # Integer inputs must be nonzero for the division (a zero divisor traps the process) and 0 for the
+        # gather (any other index may leave its tensor): no choice serves both.
+        return "it divides by integers it also indexes with"
     host = _host_target(target)
     key = (tvm_ffi.structural_hash(original, map_free_vars=True), tvm_ffi.structural_hash(scheduled, map_free_vars=True),
            str(host))
     if key in _verified:
         return None
     # A function that computes in float16 inside (set_float16 casts) is held to float16's tolerance.
-    tolerance = max((TOLERANCE.get(d, 0.0) for d in _buffers(original)[1]), default=0.0)
+    tolerance = max((TOLERANCE.get(d, 0.0) for d in analysis.dtypes), default=0.0)
     rng = np.random.default_rng(_SEED)
-    inputs = [_random(rng, shape, dtype) for _, shape, dtype, _ in params]
+    inputs = [_random(rng, shape, dtype, analysis.divides_integers) for _, shape, dtype, _ in params]
     expected = _run(original, host, inputs, params, reference=True)
-    got = _run(scheduled, host, inputs, scheduled_params, reference=False)
+    got = _run(scheduled, host, inputs, params, reference=False)
     for (buffer, _, dtype, written), want, have in zip(params, expected, got):
         if not written:
             continue

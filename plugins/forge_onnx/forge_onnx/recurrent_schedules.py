@@ -21,7 +21,7 @@ import logging
 import tvm
 from tvm import tirx
 
-from forge_core.passes import PassContext
+from forge_core.passes import PassContext, replace_functions
 from forge_core.schedules.blocks import vector_unit
 from forge_onnx.converters.recurrent_kernel import (
     ACCUMULATORS,
@@ -68,9 +68,4 @@ def recurrent_kernels(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:
             if key in func.attrs:
                 rebuilt = rebuilt.with_attr(key, func.attrs[key])
         updated[gv] = rebuilt
-    if not updated:
-        return mod
-    result = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
-    for gv, func in updated.items():
-        result[gv] = func
-    return result
+    return replace_functions(mod, updated)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -51,10 +52,23 @@ class _Worker:
         except BrokenPipeError:
             line = None
         if line is None:
-            code = self.process.poll()
-            return CaseResult(case, "crash", f"the worker process died (exit code {code})")
+            return CaseResult(case, "crash", f"the worker process died ({self._exit()})")
         data = json.loads(line)
         return CaseResult(data["case"], data["status"], data["error"], data["seconds"])
+
+    def _exit(self) -> str:
+        """How the worker ended: its output closes a moment before the process can be waited for."""
+        try:
+            code = self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return "its output closed and it did not exit"
+        if code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exit code {code}"
 
     @property
     def alive(self) -> bool:
