@@ -15,7 +15,10 @@ Not in the default set (``--models dbnet,vad``), built in torch:
 Every engine is timed in a process of its own (benchmarks/timing_worker.py):
 Forge's artifact through the light runtime, onnxruntime on the same ONNX
 graph, torch eager on the torch model, in ``--rounds`` interleaved rounds
-(figures: medians over rounds; the ratio range shows the spread). Forge
+(figures: medians over rounds; the ratio range shows the spread). The
+"fallback %" column is the share of Forge's time in kernels that no schedule
+rule took (the generic schedule or none), from a profile of the artifact; the
+target is under 5% on every model. Forge
 untuned is the default compile(); Forge tuned adds ``IRModule.tune`` within
 ``--tune-minutes`` per model, its database kept in ``--db-dir`` and reused by
 later runs. Prints a table and writes benchmarks/results/cpu_latency.json.
@@ -58,6 +61,8 @@ class Entry:
     max_abs_error_vs_onnxruntime: float | None = None
     threads: int | None = None
     ratio_range: tuple[float, float] | None = None
+    fallback_share: float | None = None
+    fallbacks: list[str] | None = None
 
 
 @dataclass
@@ -175,7 +180,9 @@ def run_case(case: Case, work: Path, tune_minutes: float, rounds: int, db_dir: P
         entries.append(Entry(case.name, name, float(np.median([r["median_ms"] for r in runs])),
                              float(np.median([r["p90_ms"] for r in runs])), float(np.median(ratios)),
                              max_abs_error_vs_onnxruntime=errors.get(name), threads=runs[0]["threads"],
-                             ratio_range=(min(ratios), max(ratios)), **extra.get(name, {})))
+                             ratio_range=(min(ratios), max(ratios)),
+                             fallback_share=runs[0].get("fallback_share"), fallbacks=runs[0].get("fallbacks"),
+                             **extra.get(name, {})))
     return entries
 
 
@@ -184,15 +191,19 @@ def print_table(entries: list[Entry]) -> None:
     from rich.table import Table
 
     table = Table("model", "engine", "median ms", "p90 ms", "x onnxruntime", "ratio range", "compile s",
-                  "tuning s", "max |err| vs ort", "threads")
+                  "tuning s", "max |err| vs ort", "threads", "fallback %")
     fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
     for e in entries:
         table.add_row(e.model, e.engine, fmt(e.median_ms, ".2f"), fmt(e.p90_ms, ".2f"),
                       fmt(e.ratio_to_onnxruntime, ".2f"),
                       "-" if e.ratio_range is None else f"{e.ratio_range[0]:.2f}-{e.ratio_range[1]:.2f}",
                       fmt(e.compile_s, ".1f"), fmt(e.tuning_s, ".0f"),
-                      fmt(e.max_abs_error_vs_onnxruntime, ".1e"), fmt(e.threads, "d"))
-    Console(width=160).print(table)
+                      fmt(e.max_abs_error_vs_onnxruntime, ".1e"), fmt(e.threads, "d"),
+                      "-" if e.fallback_share is None else f"{100 * e.fallback_share:.1f}")
+    Console(width=180).print(table)
+    for e in entries:
+        if e.fallbacks:
+            print(f"{e.model} ({e.engine}): slowest fallback kernels: {', '.join(e.fallbacks)}")
 
 
 def tune_worker(name: str, database: str, minutes: float) -> int:

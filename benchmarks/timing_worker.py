@@ -6,6 +6,10 @@
 
 Prints one JSON line: median and p90 in ms, the run count, the thread count,
 and writes the first output beside the inputs (``INPUTS.npz.<engine>.npy``).
+For Forge it also profiles the artifact after timing it: ``fallback_share`` is
+the share of the model's time spent in kernels that fell back to the generic
+schedule or to none (from the artifact's ``schedules`` metadata), and
+``fallbacks`` names the slowest of them.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ def measure(run, inputs):
 def main() -> None:
     engine, model_path, inputs_path = sys.argv[1:4]
     threads = int(os.environ.get("FORGE_NUM_THREADS") or len(os.sched_getaffinity(0)))
+    extra: dict = {}
     with np.load(inputs_path) as data:
         inputs = [data[f"arr_{i}"] for i in range(len(data.files))]
     if engine == "forge":
@@ -45,6 +50,11 @@ def main() -> None:
         runtime = Runtime(model_path)
         threads = runtime.num_threads
         first, times = measure(lambda xs: runtime.infer(*xs)[0], inputs)
+        from forge_core.runtime.profiling import fallback_share
+
+        rows = runtime.profile(*inputs, repeat=10)  # after the timing: the instrumented runs are slower
+        extra = {"fallback_share": fallback_share(rows),
+                 "fallbacks": [f"{row.name} {100 * row.share:.1f}%" for row in rows if row.fallback][:5]}
     elif engine == "onnxruntime":
         import onnxruntime as ort
 
@@ -72,7 +82,7 @@ def main() -> None:
         raise SystemExit(f"unknown engine {engine!r}")
     np.save(f"{inputs_path}.{engine}.npy", first)
     print(json.dumps({"median_ms": float(np.median(times)), "p90_ms": float(np.percentile(times, 90)),
-                      "runs": len(times), "threads": threads}))
+                      "runs": len(times), "threads": threads, **extra}))
 
 
 if __name__ == "__main__":

@@ -163,6 +163,12 @@ def _conv_case(rng: np.random.Generator, b: _Builder, case: Case, dims: int, tra
         spatial = [max(i, e) for i, e in zip(spatial, eff)]
         pads = [int(rng.integers(0, k)) for k in kernel for _ in range(2)]
         pads = pads[0::2] + pads[1::2]
+        if dims == 2 and rng.random() < 0.3:
+            # Output rows of whole vectors (32 or 48 pixels, stride 1 along them) on a few rows: the
+            # convolution tiles' full-width paths, which rows of 3-23 pixels never reach.
+            strides[-1] = 1
+            spatial[0] = min(spatial[0], max(8, eff[0]))
+            spatial[-1] = int(rng.choice([32, 48])) - pads[dims - 1] - pads[-1] + eff[-1] - 1
         out = [(i + pads[k] + pads[k + dims] - e) // s + 1
                for k, (i, e, s) in enumerate(zip(spatial, eff, strides))]
         output_padding = []

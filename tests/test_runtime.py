@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from model_factory import conv_bn_net, two_io_net
+from model_factory import conv_bn_net, make_model, two_io_net
 from onnx import TensorProto, helper, numpy_helper
 
 import forge
@@ -177,3 +177,33 @@ def test_the_artifact_records_each_kernels_schedule_and_the_profile_its_fallback
     assert share == pytest.approx(kernels["topk"].share + kernels["cumsum"].share) and 0 < share < 1
     text = format_profile(rows)
     assert "topk" in text and "unscheduled (fallback)" in text and f"{100 * share:.1f}%" in text
+
+
+def test_inputs_and_outputs_never_share_memory_whatever_the_alignment(tmp_path):
+    # Inputs go to the VM through DLPack (shared when 64-byte aligned and writable, else copied once);
+    # outputs are always copied out. An Identity-like model must not hand back the caller's memory, an
+    # unaligned, strided or read-only input must work, and an earlier result must survive later calls.
+    model = make_model([helper.make_node("Identity", ["x"], ["same"]), helper.make_node("Relu", ["x"], ["y"])],
+                       [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 40])],
+                       [helper.make_tensor_value_info("same", TensorProto.FLOAT, [3, 40]),
+                        helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 40])])
+    forge.from_onnx(model).compile(output_path=tmp_path / "a")
+    runtime = Runtime(tmp_path / "a")
+    rng = np.random.default_rng(3)
+    raw = np.empty(3 * 40 * 4 + 64 + 4, np.uint8)
+    for offset in (-raw.ctypes.data % 64, -raw.ctypes.data % 64 + 4):  # aligned, then 4 bytes off
+        x = raw[offset:offset + 480].view(np.float32).reshape(3, 40)
+        x[...] = rng.standard_normal((3, 40))
+        want = x.copy()
+        same, y = runtime.infer(x)
+        np.testing.assert_array_equal(same, want)
+        np.testing.assert_array_equal(y, np.maximum(want, 0))
+        assert not np.shares_memory(same, x) and not np.shares_memory(y, x)
+        x[...] = 7.0
+        runtime.infer(x)
+        np.testing.assert_array_equal(same, want)  # the earlier result is the caller's
+    strided = rng.standard_normal((3, 80)).astype(np.float32)[:, ::2]
+    np.testing.assert_array_equal(runtime.infer(strided)[0], strided)
+    read_only = rng.standard_normal((3, 40)).astype(np.float32)
+    read_only.flags.writeable = False
+    np.testing.assert_array_equal(runtime.infer(read_only)[1], np.maximum(read_only, 0))

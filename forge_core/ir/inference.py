@@ -11,7 +11,7 @@ import tvm
 from tvm import relax
 
 from forge_core.errors import ForgeError
-from forge_core.runtime.outputs import outputs_to_numpy
+from forge_core.runtime.outputs import outputs_to_numpy, to_device
 from forge_core.runtime.signature import TensorSpec, check_inputs
 from forge_core.threads import configure_threads
 
@@ -33,7 +33,7 @@ class InferenceFunction:
 
     def __call__(self, *arrays: Any) -> np.ndarray | list[np.ndarray]:
         checked = check_inputs(self.input_specs, arrays)
-        args = [tvm.runtime.tensor(a, self._device) for a in checked]
+        args = [to_device(a, self._device) for a in checked]
         results = outputs_to_numpy(self._vm["main"](*args))
         return results[0] if len(self.output_specs) == 1 and len(results) == 1 else results
 

@@ -15,7 +15,7 @@ from tvm import relax
 from forge_core.errors import ForgeError
 from forge_core.runtime import metadata as schema
 from forge_core.runtime.library_file import elf_machine, host_machine, load_library_bytes
-from forge_core.runtime.outputs import outputs_to_numpy
+from forge_core.runtime.outputs import outputs_to_numpy, to_device
 from forge_core.runtime.profiling import FunctionTime, profile_calls
 from forge_core.runtime.signature import DYNAMIC_DIM, TensorSpec, check_inputs
 from forge_core.threads import configure_threads
@@ -83,7 +83,7 @@ class Runtime:
     def infer(self, *arrays: Any) -> list[np.ndarray]:
         """Run the model on numpy arrays (positionally) and return its outputs as numpy arrays."""
         checked = check_inputs(self._inputs, arrays)
-        args = [tvm.runtime.tensor(a, self._device) for a in checked]
+        args = [to_device(a, self._device) for a in checked]
         return outputs_to_numpy(self._main(*args))
 
     __call__ = infer
@@ -96,7 +96,7 @@ class Runtime:
         (:func:`forge_core.runtime.profiling.fallback_share` sums those).
         """
         checked = check_inputs(self._inputs, arrays or self.example_inputs())
-        args = [tvm.runtime.tensor(a, self._device) for a in checked]
+        args = [to_device(a, self._device) for a in checked]
         self._main(*args)
         return profile_calls(self._vm, lambda: self._main(*args), repeat, self._metadata.get("schedules"))
 

@@ -91,5 +91,7 @@ def check_inputs(specs: Sequence[TensorSpec], arrays: Sequence[Any]) -> list[np.
                 f"Input {spec.name!r} (#{index}): expected shape {format_shape(spec.shape)}, "
                 f"given {format_shape(value.shape)}."
             )
-        checked.append(np.require(value, requirements="C"))  # ascontiguousarray would make 0-d arrays 1-d
+        if not value.flags.c_contiguous:
+            value = np.require(value, requirements="C")  # ascontiguousarray would make 0-d arrays 1-d
+        checked.append(value)
     return checked
