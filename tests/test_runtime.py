@@ -207,3 +207,18 @@ def test_inputs_and_outputs_never_share_memory_whatever_the_alignment(tmp_path):
     read_only = rng.standard_normal((3, 40)).astype(np.float32)
     read_only.flags.writeable = False
     np.testing.assert_array_equal(runtime.infer(read_only)[1], np.maximum(read_only, 0))
+
+
+@pytest.mark.parametrize("array", [
+    np.zeros((0, 3), np.float32),                                   # empty (ONNX's reduce_sum_empty_set, tril_zero)
+    np.arange(12, dtype=np.float32).reshape(3, 4)[:, 1:2],          # C-contiguous to numpy, strides not compact
+    np.ones((1, 1, 5), np.float16), np.array([True, False]), np.array(3, np.int64),
+], ids=["empty", "size-1-axis-strides", "float16", "bool", "scalar"])
+def test_every_array_reaches_the_vm_and_comes_back_unchanged(array):
+    import tvm
+
+    from forge_core.runtime.outputs import outputs_to_numpy, to_device
+
+    (back,) = outputs_to_numpy(to_device(array, tvm.cpu()))
+    assert back.dtype == array.dtype and back.shape == array.shape
+    np.testing.assert_array_equal(back, array)

@@ -36,11 +36,21 @@ def aligned_copy(array: np.ndarray) -> np.ndarray:
 
 def to_device(array: np.ndarray, device: tvm.runtime.Device) -> tvm.runtime.Tensor:
     """``array`` as a VM argument on ``device`` (CPU: shared when aligned and writable, else one aligned copy)."""
-    if device.dlpack_device_type() != 1 or array.dtype.kind not in "biuf" or array.dtype.itemsize > 8:
-        return tvm.runtime.tensor(array, device)
-    if not (array.flags.c_contiguous and array.flags.writeable and _aligned(array)):
+    if device.dlpack_device_type() != 1 or array.dtype.kind not in "biuf" or array.dtype.itemsize > 8 \
+            or array.size == 0:
+        return tvm.runtime.tensor(array, device)  # TVM's DLPack import refuses empty arrays' strides
+    if not (array.flags.writeable and _aligned(array) and array.strides == _compact_strides(array)):
         array = aligned_copy(array)
     return tvm.runtime.from_dlpack(array)
+
+
+def _compact_strides(array: np.ndarray) -> tuple[int, ...]:
+    """Row-major strides in bytes; numpy calls an array C-contiguous whatever its size-1 axes' strides, TVM not."""
+    strides, step = [], array.itemsize
+    for size in reversed(array.shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
 
 
 def _to_numpy(tensor: tvm.runtime.Tensor) -> np.ndarray:
