@@ -118,3 +118,11 @@ def unsupported_ops_net() -> onnx.ModelProto:
         opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.acme", 1)],
         ir_version=IR_VERSION,
     )
+
+
+def assert_matches_framework(got, want: np.ndarray, rtol: float = 1e-4) -> None:
+    """``got`` (an array, or a one-output list) equals ``want`` within ``rtol``, absolute tolerance relative to
+    ``want``'s largest magnitude: the corpus tests' check against the source framework."""
+    got = got[0] if isinstance(got, list) else got
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * float(np.abs(want).max()))

@@ -21,13 +21,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 pytest.importorskip("tensorflow", reason="the tf extra is installed by ./scripts/setup")
 keras = pytest.importorskip("keras")
 
+from model_factory import assert_matches_framework  # noqa: E402
 from tf_models import randomize_batch_norms  # noqa: E402
 
 import forge  # noqa: E402
 
 pytestmark = pytest.mark.corpus
 
-RTOL = 1e-4
 
 
 @dataclass(frozen=True)
@@ -83,12 +83,6 @@ def build(family: Family, seed: int = 0) -> keras.Model:
     return model
 
 
-def assert_close(got, want: np.ndarray) -> None:
-    got = got[0] if isinstance(got, list) else got
-    assert got.shape == want.shape
-    np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * float(np.abs(want).max()))
-
-
 @pytest.mark.parametrize("family", [pytest.param(f, id=f.id) for f in FAMILIES])
 def test_keras_application(family, tmp_path):
     model = build(family)
@@ -100,10 +94,10 @@ def test_keras_application(family, tmp_path):
     assert ir.input_shapes == [(1, 3, family.size, family.size)] and ir.output_shapes == [want.shape]
     assert "nn.batch_norm" not in ir.operators
     nchw = np.ascontiguousarray(image.transpose(0, 3, 1, 2))
-    assert_close(ir.get_inference_function()(nchw), want)
+    assert_matches_framework(ir.get_inference_function()(nchw), want)
     if family.compile:
         ir.compile(output_path=tmp_path / "artifact")
-        assert_close(forge.Runtime(tmp_path / "artifact").infer(nchw), want)
+        assert_matches_framework(forge.Runtime(tmp_path / "artifact").infer(nchw), want)
 
 
 def test_every_family_is_covered():
@@ -126,4 +120,4 @@ def test_dense_on_a_flattened_one_by_one_map_gives_keras_rank():
     want = model(x, training=False).numpy()
     ir = forge.from_keras(model, layout="NHWC")
     assert ir.output_shapes == [(1, 10)]
-    assert_close(ir.get_inference_function()(x), want)
+    assert_matches_framework(ir.get_inference_function()(x), want)

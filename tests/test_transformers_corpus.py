@@ -33,13 +33,13 @@ import pytest
 torch = pytest.importorskip("torch", reason="the torch extra is installed by ./scripts/setup")
 pytest.importorskip("transformers", reason="transformers is in the test extra")
 
+from model_factory import assert_matches_framework  # noqa: E402
 from hf_models import ARCHITECTURES, Architecture  # noqa: E402
 
 import forge  # noqa: E402
 
 pytestmark = pytest.mark.corpus
 
-RTOL = 1e-4
 BATCH, LENGTH = 2, 12
 OTHER_SIZES = (3, 7)  # a second (batch, sequence length) for dynamic imports
 
@@ -88,12 +88,6 @@ T5_DYNAMO = pytest.param(
 def reference(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> np.ndarray:
     with torch.no_grad():
         return model(*inputs).numpy()
-
-
-def assert_close(got, want: np.ndarray) -> None:
-    got = got[0] if isinstance(got, list) else got
-    assert got.shape == want.shape
-    np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * float(np.abs(want).max()))
 
 
 def export_torchscript(model, inputs, arch: Architecture, opset: int, dynamic: bool) -> onnx.ModelProto:
@@ -146,13 +140,13 @@ def check(case: Case, tmp_path) -> None:
         sizes.append(OTHER_SIZES)
     for batch, length in sizes:
         values = arch.inputs(batch, length, seed=batch + length)
-        assert_close(run(*[v.numpy() for v in values]), reference(model, values))
+        assert_matches_framework(run(*[v.numpy() for v in values]), reference(model, values))
     if case.compile:
         ir.compile(output_path=tmp_path / "artifact")
         runtime = forge.Runtime(tmp_path / "artifact")
         for batch, length in sizes:
             values = arch.inputs(batch, length, seed=batch * length)
-            assert_close(runtime.infer(*[v.numpy() for v in values]), reference(model, values))
+            assert_matches_framework(runtime.infer(*[v.numpy() for v in values]), reference(model, values))
 
 
 def _param(case: Case | object) -> object:

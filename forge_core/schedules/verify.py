@@ -109,7 +109,6 @@ class _Analysis:
     written: set[int] = field(default_factory=set)  # handles of the buffers a block writes
     dtypes: set[str] = field(default_factory=set)  # of every buffer a block touches
     divides_integers: bool = False  # an integer Div/Mod/FloorDiv/FloorMod by loaded integers
-    indirect: bool = False  # a load whose index is itself loaded (gather, take)
     float_addressed: bool = False  # a load whose index is computed from loaded floats (RoiAlign, grid sampling)
     computed_index: bool = False  # a load whose index computes with loaded values, not just a loaded index
 
@@ -121,17 +120,14 @@ _CHILDREN = ("a", "b", "value", "condition", "true_value", "false_value", "args"
              "alloc_buffers", "match_buffers")
 
 
-def _constant(expr: object) -> bool:
-    """Whether ``expr`` reads no buffer (loop variables and literals only)."""
-    return not _loads(expr, lambda load: True)
-
-
-def _loads(expr: object, which: Callable[[object], bool]) -> bool:
-    """Whether ``expr`` loads from a buffer, a load ``which`` accepts."""
+def _loads(expr: object, which: Callable[[object], bool] = lambda load: True,
+           loaded_vars: frozenset[int] | set[int] = frozenset()) -> bool:
+    """Whether ``expr`` loads from a buffer (a load ``which`` accepts) or reads a variable in ``loaded_vars``."""
     pending = [expr]
     while pending:
         node = pending.pop()
-        if isinstance(node, _LOAD) and which(node):
+        if (isinstance(node, _LOAD) and which(node)) or (
+                isinstance(node, tvm.ir.expr.Var) and node.__chandle__() in loaded_vars):
             return True
         pending.extend(_children(node))
     return False
@@ -156,10 +152,6 @@ def _strip_casts(expr: object) -> object:
     return expr
 
 
-def _integer_load(load: object) -> bool:
-    return "int" in str(getattr(load, "ty", ""))
-
-
 def _analyse(func: tirx.PrimFunc) -> _Analysis:
     """Walk the blocks of the unscheduled ``func`` (all its computation is in blocks)."""
     sch = s_tir.Schedule(func)
@@ -179,27 +171,16 @@ def _analyse(func: tirx.PrimFunc) -> _Analysis:
     while nodes:
         node = nodes.pop()
         everything.append(node)
-        if isinstance(node, (tirx.Let, tirx.LetStmt)) and _loads(node.value, lambda load: True):
+        if isinstance(node, (tirx.Let, tirx.LetStmt)) and _loads(node.value):
             loaded_vars.add(node.var.__chandle__())
         nodes.extend(_children(node))
-
-    def data_dependent(expr: object) -> bool:
-        pending = [expr]
-        while pending:
-            item = pending.pop()
-            if isinstance(item, _LOAD) or (isinstance(item, tvm.ir.expr.Var) and item.__chandle__() in loaded_vars):
-                return True
-            pending.extend(_children(item))
-        return False
-
     for node in everything:
-        if isinstance(node, _DIVISIONS) and "int" in str(node.ty) and data_dependent(node.b):
+        if isinstance(node, _DIVISIONS) and "int" in str(node.ty) and _loads(node.b, loaded_vars=loaded_vars):
             analysis.divides_integers = True
         if isinstance(node, _LOAD):
             for index in node.indices:
-                if not data_dependent(index):
+                if not _loads(index, loaded_vars=loaded_vars):
                     continue
-                analysis.indirect = True
                 if _loads(index, lambda load: "float" in str(getattr(load, "ty", ""))):
                     analysis.float_addressed = True
                 if not isinstance(_strip_casts(index), _LOAD):
@@ -261,11 +242,11 @@ def _build(func: tirx.PrimFunc, target: tvm.target.Target) -> tvm.runtime.Module
 
 
 def _run(func: tirx.PrimFunc, target: tvm.target.Target, inputs: list[np.ndarray],
-         params: list[tuple[str, tuple[int, ...], str, bool]], reference: bool, times: int = 1) -> list[np.ndarray]:
+         params: list[tuple[str, tuple[int, ...], str, bool]], reference: bool,
+         times: int = 1) -> list[list[np.ndarray]]:
+    """Build ``func`` once and run it ``times`` times; each run's buffers afterwards."""
     library = _build(func, target)
-    if times > 1:
-        return [_call(library, inputs, params, reference) for _ in range(times)]
-    return _call(library, inputs, params, reference)
+    return [_call(library, inputs, params, reference) for _ in range(times)]
 
 
 def _call(library: tvm.runtime.Module, inputs: list[np.ndarray],
@@ -316,7 +297,7 @@ def verify_function(name: str, rule: str, original: tirx.PrimFunc, scheduled: ti
         # The unscheduled function itself reads memory it does not own on these inputs (an input that
         # shapes addresses in a way the checker does not see): there is no reference to compare with.
         return "its unscheduled form gives different results on the same random inputs"
-    got = _run(scheduled, host, inputs, params, reference=False)
+    (got,) = _run(scheduled, host, inputs, params, reference=False)
     for (buffer, _, dtype, written), want, have in zip(params, expected, got):
         if not written:
             continue
