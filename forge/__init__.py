@@ -19,8 +19,10 @@ from forge_core.errors import (
     TargetError,
     UnsupportedOperatorError,
 )
+from forge_core.graph import Graph, Node
 from forge_core.ir.module import IRModule, RelayModule
 from forge_core.loaders import from_keras, from_onnx, from_tensorflow, from_tflite, from_torch, load
+from forge_core.passes import PassInfo, list_passes
 from forge_core.plugin_manager import PluginInfo, get_plugin_manager
 from forge_core.runtime.engine import Runtime
 from forge_core.runtime.signature import DYNAMIC_DIM, TensorSpec
@@ -42,6 +44,10 @@ __all__ = [
     "__version__",
     "IRModule",
     "RelayModule",
+    "Graph",
+    "Node",
+    "list_passes",
+    "PassInfo",
     "TensorSpec",
     "DYNAMIC_DIM",
     "from_onnx",

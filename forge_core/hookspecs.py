@@ -67,7 +67,8 @@ def register_frontends(register: Callable[..., None]) -> None:
 def register_passes(register: Callable[..., None]) -> None:
     """Register named transforms of TVM's IR.
 
-    Call ``register(name, transform, *, stage="optimize", description="")``:
+    Call ``register(name, transform, *, stage="optimize", description="",
+    sets_flags=None, discards_calibration=False)``:
 
     ``name`` (str)
         Unique pass name, e.g. ``"fold_batch_norms"``.
@@ -75,14 +76,25 @@ def register_passes(register: Callable[..., None]) -> None:
         ``transform(mod: tvm.ir.IRModule, context: forge_core.passes.PassContext)
         -> tvm.ir.IRModule``. It takes a Relax ``IRModule`` and returns a new
         one; it must not mutate its input. ``context`` carries the target (or
-        ``None`` outside compilation) and the pass's options.
+        ``None`` outside compilation), the pass's options (what
+        ``ir.apply_pass(name, **options)`` was given) and the module's
+        ``params`` (read-only).
     ``stage`` (str)
         When the pass runs: ``"import"`` (while an IRModule is built),
-        ``"optimize"`` (graph-level, before lowering) or ``"schedule"``
-        (after lowering, on TIR PrimFuncs). A stage only runs the passes that
-        its caller asks for by name; registering makes a pass *available*.
+        ``"optimize"`` (graph-level, before lowering), ``"schedule"``
+        (after lowering, on TIR PrimFuncs) or ``"transform"`` (only when a
+        user asks, like ``set_batch_size``). A stage only runs the passes that
+        its caller asks for by name; registering makes a pass *available*, and
+        :func:`forge.list_passes` lists it.
     ``description`` (str)
-        One line shown by ``forge plugins``.
+        One line shown by ``forge plugins`` and ``forge.list_passes()``; the
+        transform's docstring when empty.
+    ``sets_flags`` (dict)
+        State flags the pass sets on the module, e.g. ``{"is_split_tensors": True}``.
+    ``discards_calibration`` (bool)
+        True when the pass changes the nodes that calibration statistics
+        describe: ``apply_pass`` then refuses a calibrated module unless
+        ``force=True``, which discards the statistics.
     """
 
 

@@ -23,11 +23,48 @@ class PassContext:
 
     ``target`` is the :class:`tvm.target.Target` being compiled for, or ``None``
     when a pass runs outside compilation (at import). ``options`` holds the
-    caller's settings, e.g. ``{"opt_level": 3}``.
+    caller's settings, e.g. ``{"opt_level": 3}``. ``params`` are the module's
+    weights held outside the IR (read them; a pass returns only the IR).
     """
 
     target: tvm.target.Target | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PassInfo:
+    """A registered pass as :func:`forge.list_passes` shows it."""
+
+    name: str
+    stage: str
+    plugin: str
+    description: str
+
+    def __str__(self) -> str:
+        return f"{self.name} [{self.stage}] ({self.plugin}): {self.description}"
+
+
+def list_passes(stage: str | None = None) -> list[PassInfo]:
+    """Every registered pass, Forge's and third parties', sorted by stage then name.
+
+    Args:
+        stage: Only the passes of this stage: ``"import"``, ``"optimize"``,
+            ``"schedule"`` or ``"transform"``. Defaults to all.
+
+    Returns:
+        One :class:`PassInfo` per pass: name, stage, plugin and its one-line
+        description (the transform's docstring when the plugin gave none).
+        Run one with ``ir.apply_pass(name, **options)``.
+    """
+    found = []
+    for spec in get_plugin_manager().passes().values():
+        if stage is not None and spec.stage != stage:
+            continue
+        doc = (spec.transform.__doc__ or "").strip().splitlines()
+        found.append(PassInfo(spec.name, spec.stage, spec.plugin, spec.description or (doc[0] if doc else "")))
+    order = {"import": 0, "optimize": 1, "schedule": 2, "transform": 3}
+    return sorted(found, key=lambda p: (order.get(p.stage, 9), p.name))
 
 
 def run_passes(mod: tvm.IRModule, names: Iterable[str], context: PassContext | None = None) -> tvm.IRModule:

@@ -27,8 +27,8 @@ import logging
 import os
 import threading
 import warnings
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, TypeVar
 
@@ -45,6 +45,8 @@ TRACE_ENV = "FORGE_TRACE_HOOKS"
 
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "forge_core.builtin.folding_passes",
+    "forge_core.builtin.graph_passes",
+    "forge_core.builtin.transform_passes",
     "forge_core.builtin.fast_math",
     "forge_core.builtin.inference_rewrites",
     "forge_core.builtin.cpu_schedules",
@@ -82,6 +84,8 @@ class PassSpec:
     plugin: str
     stage: str = "optimize"
     description: str = ""
+    sets_flags: Mapping[str, bool] = field(default_factory=dict)
+    discards_calibration: bool = False
 
 
 @dataclass(frozen=True)
@@ -137,7 +141,7 @@ class PluginInfo:
         }
 
 
-PASS_STAGES = ("import", "optimize", "schedule")
+PASS_STAGES = ("import", "optimize", "schedule", "transform")
 
 T = TypeVar("T")
 
@@ -183,10 +187,7 @@ class ForgePluginManager:
         self._cache: dict[str, dict[str, Any]] = {}
         self._lock = threading.RLock()
         if os.environ.get(TRACE_ENV):
-            self.pm.add_hookcall_monitoring(
-                lambda hook, impls, kwargs: logger.info("hook %s -> %s", hook, [i.plugin_name for i in impls]),
-                lambda outcome, hook, impls, kwargs: None,
-            )
+            self.pm.add_hookcall_monitoring(_trace_before, _trace_after)
         version = _forge_core_version()
         for module_name in builtin_plugins:
             module = importlib.import_module(module_name)
@@ -248,10 +249,16 @@ class ForgePluginManager:
             if hook_name in self._cache:
                 return self._cache[hook_name]
             items: dict[str, Any] = {}
-            hook = getattr(self.pm.hook, hook_name)
-            # get_hookimpls() lists implementations in registration order.
-            for impl in hook.get_hookimpls():
-                plugin_name = impl.plugin_name
+            # get_hookimpls() lists implementations in registration order. Each
+            # plugin is called through pluggy (so FORGE_TRACE_HOOKS sees it) on
+            # a subset hook caller holding only that plugin's implementations,
+            # which tells which plugin registered each item.
+            impls = getattr(self.pm.hook, hook_name).get_hookimpls()
+            plugins: list[tuple[str, object]] = []
+            for impl in impls:
+                if not any(plugin is impl.plugin for _, plugin in plugins):
+                    plugins.append((impl.plugin_name, impl.plugin))
+            for plugin_name, plugin in plugins:
 
                 def register(name: str, *args: Any, _plugin: str = plugin_name, **kwargs: Any) -> None:
                     item = make(name, *args, plugin=_plugin, **kwargs)
@@ -260,7 +267,8 @@ class ForgePluginManager:
                         raise PluginConflictError(kind, item_key, items[item_key].plugin, _plugin)
                     items[item_key] = item
 
-                impl.function(**{arg: register for arg in impl.argnames if arg == "register"})
+                others = [other.plugin for other in impls if other.plugin is not plugin]
+                self.pm.subset_hook_caller(hook_name, remove_plugins=others)(register=register)
             self._cache[hook_name] = items
             return items
 
@@ -318,6 +326,19 @@ class ForgePluginManager:
         return infos
 
 
+def _trace_before(hook_name: str, impls: Sequence[pluggy.HookImpl], kwargs: Mapping[str, Any]) -> None:
+    """Log a hook call and the plugins it reaches (``FORGE_TRACE_HOOKS``)."""
+    logger.info("hook %s called on plugin(s) %s", hook_name, ", ".join(i.plugin_name for i in impls) or "-")
+
+
+def _trace_after(outcome: pluggy.Result[Any], hook_name: str, impls: Sequence[pluggy.HookImpl],
+                 kwargs: Mapping[str, Any]) -> None:
+    """Log a hook call that raised (``FORGE_TRACE_HOOKS``)."""
+    if outcome.exception is not None:
+        logger.info("hook %s in plugin(s) %s raised %s: %s", hook_name,
+                    ", ".join(i.plugin_name for i in impls), type(outcome.exception).__name__, outcome.exception)
+
+
 def _make_frontend(name: str, load: Callable[..., Any], *, plugin: str, description: str = "") -> Frontend:
     if not callable(load):
         raise PluginError(f"Plugin {plugin!r} registered frontend {name!r} with a loader that is not callable")
@@ -325,7 +346,8 @@ def _make_frontend(name: str, load: Callable[..., Any], *, plugin: str, descript
 
 
 def _make_pass(
-    name: str, transform: Callable[..., Any], *, plugin: str, stage: str = "optimize", description: str = ""
+    name: str, transform: Callable[..., Any], *, plugin: str, stage: str = "optimize", description: str = "",
+    sets_flags: Mapping[str, bool] | None = None, discards_calibration: bool = False,
 ) -> PassSpec:
     if stage not in PASS_STAGES:
         raise PluginError(
@@ -333,7 +355,8 @@ def _make_pass(
         )
     if not callable(transform):
         raise PluginError(f"Plugin {plugin!r} registered pass {name!r} with a transform that is not callable")
-    return PassSpec(str(name), transform, plugin, stage, description)
+    return PassSpec(str(name), transform, plugin, stage, description, dict(sets_flags or {}),
+                    bool(discards_calibration))
 
 
 def _make_tag(

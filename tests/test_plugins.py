@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -13,7 +14,8 @@ from plugin_dist import write_plugin_dist
 
 import forge
 from forge_core.errors import PluginConflictError, PluginError, PluginNotInstalledError
-from forge_core.plugin_manager import BUILTIN_PLUGINS, ForgePluginWarning, get_plugin_manager
+from forge_core.hookspecs import hookimpl
+from forge_core.plugin_manager import BUILTIN_PLUGINS, ForgePluginManager, ForgePluginWarning, get_plugin_manager
 
 BUILTINS = {module.rsplit(".", 1)[-1] for module in BUILTIN_PLUGINS}
 
@@ -177,3 +179,44 @@ def test_hook_documentation_lists_every_hook():
     for name in hookspecs.HOOK_NAMES:
         doc = getattr(hookspecs, name).__doc__
         assert doc and "register(" in doc, name
+
+
+class _PassPlugin:
+    """A run-time plugin registering one pass named ``name``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @hookimpl
+    def register_passes(self, register):
+        register(self.name, lambda mod, ctx: mod, description="does nothing")
+
+
+def test_trace_hooks_logs_each_hook_call_naming_the_plugin(monkeypatch, caplog):
+    monkeypatch.setenv("FORGE_TRACE_HOOKS", "1")
+    manager = ForgePluginManager(load_entry_points=False)
+    manager.register(_PassPlugin("traced_identity"), name="tracer")
+    with caplog.at_level(logging.INFO, logger="forge.plugins"):
+        passes = manager.passes()
+    messages = [r.getMessage() for r in caplog.records if r.name == "forge.plugins"]
+    assert any("register_passes" in m and "folding_passes" in m for m in messages), messages
+    assert any("register_passes" in m and "tracer" in m for m in messages), messages
+    # Each item is still attributed to the plugin that registered it.
+    assert passes["traced_identity"].plugin == "tracer"
+    assert passes["fold_constants"].plugin == "folding_passes"
+
+
+def test_hook_calls_are_not_logged_without_trace_hooks(monkeypatch, caplog):
+    monkeypatch.delenv("FORGE_TRACE_HOOKS", raising=False)
+    manager = ForgePluginManager(load_entry_points=False)
+    with caplog.at_level(logging.INFO, logger="forge.plugins"):
+        manager.passes()
+    assert not [r for r in caplog.records if r.name == "forge.plugins" and "register_passes" in r.getMessage()]
+
+
+def test_two_run_time_plugins_with_the_same_pass_conflict_naming_both():
+    manager = ForgePluginManager(builtin_plugins=(), load_entry_points=False)
+    manager.register(_PassPlugin("twin"), name="first")
+    manager.register(_PassPlugin("twin"), name="second")
+    with pytest.raises(PluginConflictError, match=r"pass 'twin'.*'first'.*'second'"):
+        manager.passes()

@@ -30,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     info = sub.add_parser("info", help="print a model's summary and operator table")
     model_arguments(info)
+    info.add_argument("--graph", metavar="PATH",
+                      help="also draw the main graph with Graphviz to PATH (.svg, .png or .pdf)")
     info.set_defaults(handler=commands.cmd_info)
 
     comp = sub.add_parser("compile", help="compile a model into an artifact directory")

@@ -28,6 +28,13 @@ def cmd_info(args: argparse.Namespace) -> int:
     with err.status(f"Loading {args.model}"):
         ir = load_model(args.model, args.frontend, args.shape)
     out.print(ir.summary())
+    if args.graph:
+        from rich.markup import escape
+
+        graph = ir.main
+        with err.status(f"Drawing the graph to {escape(args.graph)}"):
+            written = graph.render(args.graph)
+        out.print(f"graph: {len(graph)} nodes drawn to {written}", markup=False)
     return 0
 
 

@@ -47,7 +47,7 @@ def parse_shapes(entries: list[str] | None) -> dict[str, tuple[int, ...]] | None
 
 
 def load_model(path_text: str, frontend: str | None, shapes: list[str] | None) -> Any:
-    import forge
+    from forge_core.loaders import load
 
     path = Path(path_text)
     if not path.exists():
@@ -57,4 +57,4 @@ def load_model(path_text: str, frontend: str | None, shapes: list[str] | None) -
     parsed = parse_shapes(shapes)
     if parsed:
         kwargs["shape"] = parsed
-    return forge.load(name, path, **kwargs)
+    return load(name, path, **kwargs)

@@ -45,6 +45,7 @@ def exporter_formats(options: CompileOptions) -> list[str]:
 def compile_to_function(
     ir: IRModule,
     target: str | Mapping[str, Any] | tvm.target.Target = "llvm",
+    *,
     opt_level: int = 3,
     set_float16: bool = False,
     set_channel_layout: str | None = None,
@@ -56,13 +57,14 @@ def compile_to_function(
     """
     from forge_core.ir.inference import build_inference_function
 
-    options = CompileOptions.validate(None, opt_level, set_float16, set_channel_layout, False, False, False,
-                                      None, None)
+    options = CompileOptions.validate(
+        opt_level=opt_level, set_float16=set_float16, set_channel_layout=set_channel_layout,
+    )
     tvm_target = resolve_target(target)
     mod = prepare_graph(weights.bind_params(ir.mod, ir.params), options)
     database = Path(ir.tuning_database) if ir.tuning_database is not None else None
     try:
-        executable = build(mod, tvm_target, options.opt_level, database)
+        executable = build(mod, tvm_target, options.opt_level, tuning_database=database)
     except ForgeError:
         raise
     except Exception as exc:  # noqa: BLE001
@@ -73,6 +75,7 @@ def compile_to_function(
 def compile_module(
     ir: IRModule,
     target: str | Mapping[str, Any] | tvm.target.Target = "llvm",
+    *,
     host: str | Mapping[str, Any] | tvm.target.Target | None = None,
     output_path: str | os.PathLike[str] | None = "./compile_output",
     opt_level: int = 3,
@@ -88,8 +91,9 @@ def compile_module(
     """Compile ``ir`` and write the artifact directory; returns its path. See ``IRModule.compile``."""
     report = progress or (lambda step: logger.info("%s", step))
     options = CompileOptions.validate(
-        output_path, opt_level, set_float16, set_channel_layout, export_relay, export_metadata,
-        force_overwrite, uuid, encrypt_password,
+        output_path=output_path, opt_level=opt_level, set_float16=set_float16,
+        set_channel_layout=set_channel_layout, export_relay=export_relay, export_metadata=export_metadata,
+        force_overwrite=force_overwrite, uuid=uuid, encrypt_password=encrypt_password,
     )
     tvm_target = resolve_target(target, host)
     check_output_path(options.output_path, options.force_overwrite)
@@ -124,7 +128,7 @@ def compile_module(
     report(f"Building for {document['target']['string']}")
     schedules: dict[str, Any] = {}
     try:
-        executable = build(mod, tvm_target, options.opt_level, database, schedules)
+        executable = build(mod, tvm_target, options.opt_level, tuning_database=database, schedules=schedules)
     except ForgeError:
         raise
     except Exception as exc:  # noqa: BLE001 - TVM and LLVM fail with many error types

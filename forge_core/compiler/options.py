@@ -36,16 +36,18 @@ class CompileOptions:
     @classmethod
     def validate(
         cls,
-        output_path: str | os.PathLike[str] | None,
-        opt_level: Any,
-        set_float16: Any,
-        set_channel_layout: Any,
-        export_relay: Any,
-        export_metadata: Any,
-        force_overwrite: Any,
-        uuid: Any,
-        encrypt_password: Any,
+        *,
+        output_path: str | os.PathLike[str] | None = None,
+        opt_level: Any = 3,
+        set_float16: Any = False,
+        set_channel_layout: Any = None,
+        export_relay: Any = False,
+        export_metadata: Any = False,
+        force_overwrite: Any = False,
+        uuid: Any = None,
+        encrypt_password: Any = None,
     ) -> CompileOptions:
+        """Check the user's options (keyword-only) and return them; ``ValueError`` names a bad one."""
         if encrypt_password is not None:
             raise NotImplementedError(
                 "encrypt_password: encrypted artifacts arrive with a later Forge release; "

@@ -24,7 +24,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
-from forge_core.compiler.options import CHANNEL_LAYOUTS, CompileOptions
+from forge_core.compiler.options import CompileOptions
 from forge_core.passes import PassContext, run_passes
 from forge_core.plugin_manager import get_plugin_manager
 from forge_core.compiler.metadata_builder import record_schedules, schedules_entry
@@ -33,35 +33,21 @@ from forge_core.schedules.verify import take_failure, verification_enabled, veri
 
 logger = logging.getLogger("forge.compile")
 
-# TVM legalizes conv2d_transpose only as NCHW data with an IOHW (input-channels-first) kernel:
-# under either channel layout it keeps that form, and ConvertLayout transposes around it.
-_FIXED_LAYOUTS = {"relax.nn.conv2d_transpose": ["NCHW", "IOHW"]}
-
-
 def prepare_graph(mod: tvm.IRModule, options: CompileOptions) -> tvm.IRModule:
-    """Forge's graph-level transforms, ``params`` already bound."""
-    passes: list[tvm.transform.Pass] = []
+    """Forge's graph-level transforms, ``params`` already bound: registered passes, run by name."""
+    names: list[str] = []
     if options.opt_level >= 3:
-        mod = run_passes(mod, ["remove_dropout"], PassContext(options={"opt_level": options.opt_level}))
-        passes += [relax.transform.DecomposeOpsForInference(), relax.transform.CanonicalizeBindings()]
+        names += ["remove_dropout", "decompose_for_inference"]
     if options.set_channel_layout is not None:
-        data_layout, kernel_layout = CHANNEL_LAYOUTS[options.set_channel_layout]
-        desired = {"relax.nn.conv2d": [data_layout, kernel_layout], **_FIXED_LAYOUTS}
-        passes.append(relax.transform.ConvertLayout(desired))
+        names.append("set_channel_layout")
     if options.set_float16:
-        # fp16 storage, fp32 accumulation; the model's inputs and outputs stay float32.
-        passes += [relax.transform.ConvertToDataflow(), relax.transform.ToMixedPrecision(out_dtype="float32")]
+        names.append("set_float16")
     if options.opt_level >= 2:
-        passes += [
-            relax.transform.FoldConstant(),
-            relax.transform.EliminateCommonSubexpr(),
-            relax.transform.DeadCodeElimination(["main"]),
-        ]
-    with tvm.transform.PassContext(opt_level=options.opt_level):
-        mod = tvm.transform.Sequential(passes)(mod)
+        names.append("simplify")
     if options.opt_level >= 3:
-        mod = run_passes(mod, ["fast_math"], PassContext(options={"opt_level": options.opt_level}))
-    return mod
+        names.append("fast_math")
+    context = PassContext(options={"opt_level": options.opt_level, "layout": options.set_channel_layout})
+    return run_passes(mod, names, context)
 
 
 _BACKENDS = {"llvm": "cpu_generic", "cuda": "cuda", "rocm": "rocm"}
@@ -93,7 +79,7 @@ def lower_to_tir(mod: tvm.IRModule, target: tvm.target.Target, opt_level: int) -
         return tvm.transform.Sequential(lowering_passes(target, opt_level))(mod)
 
 
-def schedule_stage(target: tvm.target.Target, opt_level: int, tuning_database: Path | None = None,
+def schedule_stage(target: tvm.target.Target, opt_level: int, *, tuning_database: Path | None = None,
                    schedules: dict[str, Any] | None = None) -> tvm.transform.Pass:
     """Tuned schedules from ``tuning_database``, then the registered ``schedule`` passes.
 
@@ -138,7 +124,7 @@ def schedule_stage(target: tvm.target.Target, opt_level: int, tuning_database: P
     return _stage
 
 
-def build_pipeline(target: tvm.target.Target, opt_level: int, tuning_database: Path | None = None,
+def build_pipeline(target: tvm.target.Target, opt_level: int, *, tuning_database: Path | None = None,
                    schedules: dict[str, Any] | None = None) -> tvm.transform.Pass:
     """TVM's build for ``target``, with Forge's legalization, fusion and schedules."""
 
@@ -148,7 +134,7 @@ def build_pipeline(target: tvm.target.Target, opt_level: int, tuning_database: P
         with target:
             stages = (
                 lowering_passes(target, opt_level)
-                + [schedule_stage(target, opt_level, tuning_database, schedules)]
+                + [schedule_stage(target, opt_level, tuning_database=tuning_database, schedules=schedules)]
                 + list(stages_of.dataflow_lower_passes(target))
                 + list(stages_of.finalize_passes(target))
             )
@@ -178,7 +164,7 @@ def with_fast_math(target: tvm.target.Target) -> tvm.target.Target:
     return tvm.target.Target(config)
 
 
-def build(mod: tvm.IRModule, target: tvm.target.Target, opt_level: int,
+def build(mod: tvm.IRModule, target: tvm.target.Target, opt_level: int, *,
           tuning_database: Path | None = None, schedules: dict[str, Any] | None = None) -> relax.VMExecutable:
     """Lower and build ``mod`` into a VM executable, with tuned schedules from ``tuning_database``.
 
@@ -187,7 +173,7 @@ def build(mod: tvm.IRModule, target: tvm.target.Target, opt_level: int,
     if opt_level >= 4:
         target = with_fast_math(target)
     with tvm.transform.PassContext(opt_level=opt_level):
-        pipeline = build_pipeline(target, opt_level, tuning_database, schedules)
+        pipeline = build_pipeline(target, opt_level, tuning_database=tuning_database, schedules=schedules)
         take_failure()
         try:
             return tvm.compile(mod, target=target, relax_pipeline=pipeline)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import tvm
@@ -15,7 +15,13 @@ from tvm import relax
 from forge_core.ir import identity, introspection, weights
 from forge_core.ir.naming import OUTPUT_NAMES_ATTR
 from forge_core.passes import PassContext, run_passes
+from forge_core.quantization.calibration_data import CalibrationData
 from forge_core.runtime.signature import TensorSpec
+
+if TYPE_CHECKING:
+    from forge_core.graph import Graph, Node
+
+_KEEP = object()  # _commit: leave the calibration data as it is
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,16 @@ def _as_relax_module(mod: Any) -> tvm.IRModule:
     if "main" not in names or not isinstance(mod["main"], relax.Function):
         raise ValueError(f"The IRModule has no Relax function 'main' (functions: {', '.join(sorted(names)) or 'none'})")
     return mod
+
+
+def _check_params(mod: tvm.IRModule, params: Mapping[str, Any]) -> None:
+    param_names = {v.name for v in mod["main"].params}
+    unknown = sorted(set(params) - param_names)
+    if unknown:
+        raise ValueError(
+            f"params holds names that are not parameters of main: {', '.join(map(repr, unknown))}. "
+            f"main's parameters: {', '.join(sorted(param_names))}"
+        )
 
 
 class IRModule:
@@ -78,13 +94,7 @@ class IRModule:
     ) -> None:
         relax_mod = _as_relax_module(mod)
         tensors = weights.normalize_params(params)
-        param_names = {v.name for v in relax_mod["main"].params}
-        unknown = sorted(set(tensors) - param_names)
-        if unknown:
-            raise ValueError(
-                f"params holds names that are not parameters of main: {', '.join(map(repr, unknown))}. "
-                f"main's parameters: {', '.join(sorted(param_names))}"
-            )
+        _check_params(relax_mod, tensors)
         passes = []
         if inline_partitions:
             passes.append("inline_partitions")
@@ -93,14 +103,41 @@ class IRModule:
         if fold_batch_norms:
             passes.append("fold_batch_norms")
         relax_mod = run_passes(relax_mod, passes, PassContext(options={"stage": "import"}))
-        self._init_parts(relax_mod, tensors, ModuleState())
+        self._start(None)
+        self._commit(mod=relax_mod, params=tensors, state=ModuleState())
 
-    def _init_parts(self, mod: tvm.IRModule, params: dict[str, weights.Tensor], state: ModuleState,
-                    tuning_database: os.PathLike[str] | str | None = None) -> None:
-        self._mod = mod
-        self._params = params
-        self._state = state
+    def _start(self, tuning_database: os.PathLike[str] | str | None) -> None:
+        self._version = 0
+        self._mod: tvm.IRModule | None = None
+        self._params: dict[str, weights.Tensor] = {}
+        self._state = ModuleState()
+        self._calibration: CalibrationData | None = None
         self.tuning_database = tuning_database
+
+    def _commit(
+        self,
+        *,
+        mod: tvm.IRModule | None = None,
+        params: dict[str, weights.Tensor] | None = None,
+        state: ModuleState | None = None,
+        calibration: CalibrationData | None | object = _KEEP,
+    ) -> None:
+        """The one place where the module's IR, weights, state flags and calibration data change.
+
+        Every transform (graph edits, batch size, tensor splitting, calibration,
+        quantization) goes through here: the parts are checked against each
+        other, and graphs and nodes see the change (``_version``).
+        """
+        new_mod = self._mod if mod is None else _as_relax_module(mod)
+        new_params = self._params if params is None else params
+        if mod is not None or params is not None:
+            _check_params(new_mod, new_params)
+        new_state = self._state if state is None else state
+        if calibration is not _KEEP:
+            self._calibration = calibration if calibration else None  # type: ignore[assignment]
+            new_state = replace(new_state, is_calibrated=self._calibration is not None)
+        self._mod, self._params, self._state = new_mod, new_params, new_state
+        self._version += 1
 
     def with_state(self, **flags: bool) -> IRModule:
         """A copy sharing this module's IR and weights, with some state flags set.
@@ -112,13 +149,16 @@ class IRModule:
         unknown = set(flags) - set(vars(self._state))
         if unknown:
             raise TypeError(f"Unknown state flags: {', '.join(sorted(unknown))}")
-        return IRModule._from_parts(self._mod, self._params, replace(self._state, **flags), self.tuning_database)
+        return IRModule._from_parts(self._mod, self._params, replace(self._state, **flags), self.tuning_database,
+                                    self._calibration)
 
     @classmethod
     def _from_parts(cls, mod: tvm.IRModule, params: dict[str, weights.Tensor], state: ModuleState,
-                    tuning_database: os.PathLike[str] | str | None = None) -> IRModule:
+                    tuning_database: os.PathLike[str] | str | None = None,
+                    calibration: CalibrationData | None = None) -> IRModule:
         obj = cls.__new__(cls)
-        obj._init_parts(mod, params, state, tuning_database)
+        obj._start(tuning_database)
+        obj._commit(mod=mod, params=params, state=state, calibration=calibration)
         return obj
 
     # ------------------------------------------------------------------
@@ -149,6 +189,39 @@ class IRModule:
     @property
     def _main(self) -> relax.Function:
         return self._mod["main"]
+
+    # ------------------------------------------------------------------
+    # Graphs and nodes
+    # ------------------------------------------------------------------
+
+    @property
+    def graphs(self) -> dict[str, Graph]:
+        """The module's computational graphs by name, ``"main"`` first (see :class:`forge.Graph`)."""
+        from forge_core.graph import Graph
+
+        names = [name for name, _ in introspection.relax_functions(self._mod)]
+        return {name: Graph(self, name) for name in sorted(names, key=lambda n: (n != "main", n))}
+
+    @property
+    def main(self) -> Graph:
+        """The module's "main" computational graph."""
+        from forge_core.graph import Graph
+
+        return Graph(self, "main")
+
+    @property
+    def input_nodes(self) -> list[Node]:
+        """The main graph's input nodes, in input order."""
+        return self.main.inputs
+
+    @property
+    def output_node(self) -> Node:
+        """The main graph's output node."""
+        return self.main.output
+
+    def __iter__(self) -> Iterator[Node]:
+        """Iterator over the main graph's nodes, in topological order."""
+        return iter(self.main)
 
     # ------------------------------------------------------------------
     # Inputs and outputs
@@ -292,7 +365,9 @@ class IRModule:
         copy's constants or params leaves the original unchanged.
         """
         params = {name: weights.copy_tensor(t) for name, t in self._params.items()}
-        return IRModule._from_parts(weights.deep_copy_module(self._mod), params, self._state, self.tuning_database)
+        calibration = self._calibration.copy() if self._calibration is not None else None
+        return IRModule._from_parts(weights.deep_copy_module(self._mod), params, self._state, self.tuning_database,
+                                    calibration)
 
     def __copy__(self) -> IRModule:
         return self.copy()
@@ -323,6 +398,85 @@ class IRModule:
         tvm_target = resolve_target(target, host_cpu=False)  # generic code: quick to build
         bound = weights.bind_params(self._mod, self._params)
         return build_inference_function(bound, tvm_target, self.input_specs, self.output_specs)
+
+    # ------------------------------------------------------------------
+    # Transforms (in place)
+    # ------------------------------------------------------------------
+
+    def apply_pass(self, name: str, force: bool = False, **options: Any) -> None:
+        """Runs the registered pass ``name`` on the module, in place.
+
+        Every pass a plugin registers is available, Forge's own included; see
+        :func:`forge.list_passes`. ``options`` reach the pass as
+        ``context.options``, e.g. ``ir.apply_pass("set_batch_size", batch_size=8)``
+        or ``ir.apply_pass("set_channel_layout", layout="last")``.
+
+        Args:
+            name: The pass's registered name.
+            force: For a pass that changes the nodes calibration describes
+                (``split_tensors``): discard the calibration data instead of
+                raising.
+            **options: The pass's options.
+
+        Raises:
+            forge.PluginNotInstalledError: No pass of that name (the error lists them).
+            ValueError: The pass would discard calibration data and ``force`` is False,
+                or the pass rejects the module or its options.
+        """
+        from forge_core.plugin_manager import get_plugin_manager
+
+        spec = get_plugin_manager().get_pass(name)
+        if spec.discards_calibration and self._calibration is not None and not force:
+            raise ValueError(
+                f"{name} changes the nodes that this module's calibration data describes; "
+                f"pass force=True to discard the calibration data, or run {name} before calibrating"
+            )
+        mod = run_passes(self._mod, [name], PassContext(options=options, params=self._params))
+        state = replace(self._state, **spec.sets_flags) if spec.sets_flags else None
+        self._commit(mod=mod, state=state, **({"calibration": None} if spec.discards_calibration else {}))
+
+    def set_batch_size(self, batch_size: int) -> None:
+        """Sets the IRModule's batch-size
+
+        The leading dimension of every input is its batch. A symbolic batch
+        (an export with a dynamic batch axis) is bound to ``batch_size``; a fixed
+        one is replaced and every shape after it inferred again, with the
+        reshapes that spell out the old batch (``Reshape`` to ``[1, 2048]``)
+        rewritten. The outputs then equal ``batch_size`` batch-1 runs stacked.
+        Calibration data stays valid: it describes the same nodes.
+
+        Args:
+            batch_size: The desired batch-size for the model.
+
+        Returns:
+            None. This method operates in place.
+
+        Raises:
+            ValueError: ``batch_size`` is not a positive integer, or a node keeps
+                the old batch (a shape fixed inside the model that cannot be
+                rewritten, a kernel built for the old shapes); the error names it.
+        """
+        self.apply_pass("set_batch_size", batch_size=batch_size)
+
+    def split_tensors(self, force: bool = False) -> None:
+        """Performs tensor splitting on the weight tensors of convolution layers.
+
+        Each convolution (1-D, 2-D or 3-D, without groups) becomes two
+        convolutions over the halves of its weight along the output channels,
+        whose results are concatenated: the same values, from two smaller
+        weight tensors that quantization can scale separately. Sets
+        ``is_split_tensors``.
+
+        Args:
+            force: If False, the operation will raise a ValueError when
+                previously captured calibration data is detected. When True, the
+                operation will wipe previously recorded calibration data.
+                Default is False.
+
+        Returns:
+            None. This method operates in place.
+        """
+        self.apply_pass("split_tensors", force=force)
 
     # ------------------------------------------------------------------
     # Compilation
@@ -450,10 +604,14 @@ class IRModule:
         from forge_core.tuning.progress import progress_bar
         from forge_core.tuning.session import tune_module
 
-        options = CompileOptions.validate(None, opt_level, set_float16, set_channel_layout, False, False, False,
-                                          None, None)
+        options = CompileOptions.validate(
+            opt_level=opt_level, set_float16=set_float16, set_channel_layout=set_channel_layout,
+        )
         with progress_bar(enabled=progress) as report:
-            result = tune_module(self, target, work_dir, trials, time_budget, trials_per_task, options, report)
+            result = tune_module(
+                self, target, work_dir=work_dir, trials=trials, time_budget=time_budget,
+                trials_per_task=trials_per_task, options=options, progress=report,
+            )
         self.tuning_database = work_dir
         return result
 
@@ -511,8 +669,7 @@ class IRModule:
             DeprecationWarning,
             stacklevel=2,
         )
-        self._mod = run_passes(self._mod, ["inline_partitions"])
-        self._state = replace(self._state, is_tensorrt=False)
+        self._commit(mod=run_passes(self._mod, ["inline_partitions"]), state=replace(self._state, is_tensorrt=False))
 
     # ------------------------------------------------------------------
     # Display

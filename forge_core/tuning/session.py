@@ -181,6 +181,7 @@ def _require_search_packages() -> None:
 def tune_module(
     ir: IRModule,
     target: Any = "llvm",
+    *,
     work_dir: str | os.PathLike[str] = "./tuning_database",
     trials: int = 2000,
     time_budget: float | None = None,
@@ -199,7 +200,7 @@ def tune_module(
         raise ForgeError(f"Forge tunes CPU (llvm) targets; {tvm_target.kind.name} is not supported")
     if not tvm_target.attrs.get("num-cores"):
         raise ForgeError(f"Tuning needs the target's core count: add -num-cores=N to {target!r}")
-    options = options or CompileOptions.validate(None, 3, False, None, False, False, False, None, None)
+    options = options or CompileOptions.validate()
     started = time.monotonic()
     directory = Path(work_dir)
     database = open_database(directory, create=True)

@@ -91,6 +91,13 @@ class _ForgeImporter(ONNXGraphImporter):
             for index, name in enumerate(node.output):
                 if name in self._nodes:
                     self._nodes[name] = self._with_named_dims(self._nodes[name], f"{node.name}_{index}")
+            self._bind_named(node)
+
+    def _bind_named(self, node: onnx.NodeProto) -> None:
+        """Bind a single-output node's result under the ONNX node's name, so the graph API finds it by that name."""
+        if len(node.output) != 1 or not isinstance(self._nodes.get(node.output[0]), relax.Call):
+            return
+        self._nodes[node.output[0]] = self.bb.emit(self._nodes[node.output[0]], name_hint=node.name or node.output[0])
 
     def _with_named_dims(self, value: Any, label: str) -> Any:
         """``value`` match-cast to named symbolic dims when only its rank is known; else unchanged.

@@ -1,0 +1,62 @@
+"""Built-in plugin: the graph-level passes ``compile()`` runs before lowering.
+
+``compile()`` asks for them by name (``forge_core.compiler.pipeline.prepare_graph``),
+so each also runs alone through ``ir.apply_pass(name, **options)``:
+
+* ``decompose_for_inference``: batch and layer norms into arithmetic (opt_level 3);
+* ``set_channel_layout``: convolutions to ``layout="first"`` (NCHW) or ``"last"`` (NHWC);
+* ``set_float16``: float16 storage with float32 accumulation; inputs and outputs stay float32;
+* ``simplify``: constant folding, common-subexpression and dead-code elimination (opt_level 2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import tvm
+from tvm import relax
+
+from forge_core.compiler.options import CHANNEL_LAYOUTS
+from forge_core.hookspecs import hookimpl
+from forge_core.passes import PassContext
+
+# TVM legalizes conv2d_transpose only as NCHW data with an IOHW (input-channels-first) kernel:
+# under either channel layout it keeps that form, and ConvertLayout transposes around it.
+_FIXED_LAYOUTS = {"relax.nn.conv2d_transpose": ["NCHW", "IOHW"]}
+
+
+def _run(mod: tvm.IRModule, context: PassContext, passes: list[tvm.transform.Pass]) -> tvm.IRModule:
+    with tvm.transform.PassContext(opt_level=int(context.options.get("opt_level", 3))):
+        return tvm.transform.Sequential(passes)(mod)
+
+
+def decompose_for_inference(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:
+    """Decompose batch and layer norms into arithmetic that fuses with its neighbours."""
+    return _run(mod, context, [relax.transform.DecomposeOpsForInference(), relax.transform.CanonicalizeBindings()])
+
+
+def set_channel_layout(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:
+    """Convert convolutions to ``layout`` "first" (NCHW) or "last" (NHWC); the model's inputs keep theirs."""
+    layout = context.options.get("layout")
+    if layout not in CHANNEL_LAYOUTS:
+        raise ValueError(f"set_channel_layout: layout must be 'first' or 'last', given {layout!r}")
+    data_layout, kernel_layout = CHANNEL_LAYOUTS[layout]
+    desired = {"relax.nn.conv2d": [data_layout, kernel_layout], **_FIXED_LAYOUTS}
+    return _run(mod, context, [relax.transform.ConvertLayout(desired)])
+
+
+def set_float16(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:
+    """Store in float16 and accumulate in float32 where the operator permits."""
+    return _run(mod, context, [relax.transform.ConvertToDataflow(), relax.transform.ToMixedPrecision(out_dtype="float32")])
+
+
+def simplify(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:
+    """Fold constants, then eliminate common subexpressions and dead code."""
+    return _run(mod, context, [relax.transform.FoldConstant(), relax.transform.EliminateCommonSubexpr(),
+                               relax.transform.DeadCodeElimination(["main"])])
+
+
+@hookimpl
+def register_passes(register: Callable[..., None]) -> None:
+    for transform in (decompose_for_inference, set_channel_layout, set_float16, simplify):
+        register(transform.__name__, transform, stage="optimize", description=transform.__doc__.splitlines()[0])

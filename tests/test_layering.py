@@ -1,0 +1,44 @@
+"""forge_core must not import the ``forge`` facade package built on top of it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import forge_core
+
+CORE = Path(forge_core.__file__).parent
+
+
+def _facade_imports(path: Path, root: Path = CORE.parent) -> list[str]:
+    """``file:line: statement`` for each import of ``forge`` or ``forge.*`` in ``path``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module is not None:
+            names = [node.module]
+        else:
+            continue
+        for name in names:
+            if name == "forge" or name.startswith("forge."):
+                found.append(f"{path.relative_to(root).as_posix()}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_forge_core_does_not_import_the_forge_facade():
+    files = sorted(CORE.rglob("*.py"))
+    assert files
+    offending = [entry for path in files for entry in _facade_imports(path)]
+    assert not offending, "forge_core imports the forge facade:\n" + "\n".join(offending)
+
+
+def test_the_check_finds_a_facade_import(tmp_path):
+    module = tmp_path / "forge_core" / "bad.py"
+    module.parent.mkdir()
+    module.write_text("import os\n\ndef f():\n    from forge.x import y\n    import forge\n")
+    assert _facade_imports(module, tmp_path) == [
+        "forge_core/bad.py:4: from forge.x import y",
+        "forge_core/bad.py:5: import forge",
+    ]
