@@ -5,13 +5,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 
 import numpy as np
 import onnx
 import pytest
+from test_cli import forge_cli
 from model_factory import conv_bn_net, light_model_path
 
 import forge
@@ -21,17 +20,8 @@ from forge_core.graph.render import format_bytes
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None,
                                reason="Graphviz's dot is not installed (./scripts/setup installs it)")
 
-FORGE = shutil.which("forge", path=os.path.dirname(sys.executable)) or "forge"
 SVG = "{http://www.w3.org/2000/svg}"
 SIZE = re.compile(r"^\d+ B$|^\d+\.\d (KiB|MiB|GiB|TiB)$")
-
-
-def forge_cli(*args, env=None, check=True):
-    done = subprocess.run([FORGE, *map(str, args)], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "COLUMNS": "200", **(env or {})})
-    if check:
-        assert done.returncode == 0, done.stderr
-    return done
 
 
 def svg_nodes(path) -> list[list[str]]:
