@@ -6,7 +6,6 @@ import difflib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-import networkx as nx
 import numpy as np
 import tvm
 
@@ -15,6 +14,8 @@ from forge_core.graph.index import GraphIndex, NodeRecord, build_index
 from forge_core.graph.node import Node
 
 if TYPE_CHECKING:
+    import networkx as nx
+
     from forge_core.ir.module import IRModule
 
 _ROOT = ("forge.graph.root",)  # a node key no graph uses, for traversals from several sources
@@ -133,17 +134,23 @@ class Graph:
     def dfs(self, reverse: bool = False) -> Iterator[Node]:
         """Depth-first, pre-order: from the inputs (then constants) along consumers, or from the output along
         operands when ``reverse`` is True. Each node once; nodes unreachable that way are not visited."""
+        import networkx as nx
+
         for name in nx.dfs_preorder_nodes(self._traversal(reverse), _ROOT):
             if name != _ROOT:
                 yield Node(self, name)
 
     def bfs(self, reverse: bool = False) -> Iterator[Node]:
         """Breadth-first, like :meth:`dfs`: by distance from the inputs, or from the output when ``reverse``."""
+        import networkx as nx
+
         for _, name in nx.bfs_edges(self._traversal(reverse), _ROOT):
             yield Node(self, name)
 
     def _traversal(self, reverse: bool) -> nx.DiGraph:
         """The edges to follow (a copy), with a root node leading to the sources in order."""
+        import networkx as nx
+
         index = self._index
         graph = nx.DiGraph(index.graph.reverse(copy=False) if reverse else index.graph)
         if reverse:
@@ -248,11 +255,9 @@ class Graph:
         if record.type == "output":
             raise ValueError(f"Node {old!r} is the output of graph {self._name!r} and is named after it")
         if record.type == "input" or record.param is not None:
-            if record.param is not None:
-                params = {new if k == record.param else k: v for k, v in self._owner.params.items()}
-                self._owner._commit(mod=edit.rename_parameter(mod, self._name, record.expr.name, new), params=params)
-            else:
-                self._owner._commit(mod=edit.rename_parameter(mod, self._name, record.expr.name, new))
+            params = None if record.param is None else \
+                {new if k == record.param else k: v for k, v in self._owner.params.items()}
+            self._owner._commit(mod=edit.rename_parameter(mod, self._name, record.expr.name, new), params=params)
         elif record.type == "constant" and isinstance(record.expr, tvm.ir.GenericConst):
             if self._name != "main":
                 raise ValueError(f"Constant {old!r} of subgraph {self._name!r} has no name to change: "

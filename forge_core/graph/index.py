@@ -18,14 +18,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import networkx as nx
 import tvm
 from tvm import relax
 
 from forge_core.ir.introspection import operator_name
 from forge_core.runtime.signature import DYNAMIC_DIM
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 NODE_TYPES = ("input", "constant", "call", "output")
 
@@ -55,8 +57,10 @@ class GraphIndex:
 
     def succ(self, name: str) -> list[str]:
         """Consumers of ``name``, each once, in topological order."""
-        consumers = set(self.graph.successors(name))
-        return [n for n in self.records if n in consumers]
+        return sorted(set(self.graph.successors(name)), key=self.position.__getitem__)
+
+    def __post_init__(self) -> None:
+        self.position = {name: i for i, name in enumerate(self.records)}  # each node's topological position
 
 
 def _handle(obj: Any) -> int:
@@ -143,6 +147,8 @@ class _Builder:
         self.records: dict[str, NodeRecord] = {}
         self.by_var: dict[int, str] = {}
         self.constants: dict[int, str] = {}
+        import networkx as nx  # when a graph is first read, not with `import forge`
+
         self.graph = nx.MultiDiGraph()
 
     def unique(self, name: str) -> str:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import tvm
 
 from forge_core.errors import ForgeError
+from forge_core.ir.weights import format_bytes
 from forge_core.runtime.signature import DYNAMIC_DIM
 
 if TYPE_CHECKING:
@@ -63,16 +64,6 @@ _CONSTANT_EDGE = {"color": "#b0b0b0", "arrowsize": "0.5", "penwidth": "0.7"}
 INSTALL_HINT = ("Drawing a graph needs Graphviz's `dot` program: install Graphviz (on Debian or Ubuntu "
                 "`apt-get install graphviz`; `./scripts/setup` installs it), or use Graph.to_dot() for the "
                 "DOT source")
-
-
-def format_bytes(n: int) -> str:
-    """``576`` -> ``"576 B"``, ``2411724`` -> ``"2.3 MiB"`` (as :meth:`IRModule.summary` writes sizes)."""
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
 
 
 def shorten(name: str, limit: int = MAX_NAME_LENGTH) -> str:

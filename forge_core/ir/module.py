@@ -681,7 +681,7 @@ class IRModule:
         nbytes = self.weights_nbytes
         lines = [
             f"IRModule: {self.input_count} input(s), {self.output_count} output(s), "
-            f"{sum(ops.values())} operator calls of {len(ops)} kinds, weights {_format_bytes(nbytes)}",
+            f"{sum(ops.values())} operator calls of {len(ops)} kinds, weights {weights.format_bytes(nbytes)}",
             "Inputs:",
             *[f"  {spec.describe()}" for spec in self.input_specs],
             "Outputs:",
@@ -700,7 +700,7 @@ class IRModule:
         top = ", ".join(f"{k}={v}" for k, v in list(self.operators.items())[:6])
         return (
             f"<forge.IRModule inputs=[{ins}] outputs=[{outs}] ops={{{top}{', ...' if len(self.operators) > 6 else ''}}} "
-            f"weights={_format_bytes(self.weights_nbytes)}>"
+            f"weights={weights.format_bytes(self.weights_nbytes)}>"
         )
 
     def __str__(self) -> str:
@@ -710,11 +710,3 @@ class IRModule:
 RelayModule = IRModule
 """The docs' name for :class:`IRModule`."""
 
-
-def _format_bytes(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.1f} {unit}" if unit != "B" else f"{int(size)} B"
-        size /= 1024
-    return f"{n} B"

@@ -143,3 +143,13 @@ def _with_num_input(mod: tvm.IRModule) -> tvm.IRModule:
         mod = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
         mod["main"] = func
     return mod
+
+
+def format_bytes(n: int) -> str:
+    """``576`` -> ``"576 B"``, ``2411724`` -> ``"2.3 MiB"``."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
