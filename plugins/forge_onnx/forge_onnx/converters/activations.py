@@ -59,4 +59,48 @@ def clip(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], conte
     return x
 
 
-CONVERTERS = {"Celu": celu, "Clip": clip}
+def _log1p(e: relax.Expr, dtype: str) -> relax.Expr:
+    """log(1 + e) for 0 <= e <= 1, accurate where ``e`` is small; Relax has no ``log1p``.
+
+    ``log(1 + e)`` keeps none of the digits of ``e`` below the float's
+    epsilon. Below 0.1 the series ``e - e^2/2 + ... + e^7/7`` is used
+    (relative error under 2e-8); above it ``log(1 + e)`` rounds by at most
+    1e-6 relative. No cancellation trick is used: TVM's simplifier folds
+    ``(1 + e) - 1`` into ``e`` inside fused kernels.
+    """
+    series = relax.const(1.0 / 7.0, dtype)
+    for k in range(6, 0, -1):
+        series = relax.op.subtract(relax.const(1.0 / k, dtype), relax.op.multiply(e, series))
+    series = relax.op.multiply(e, series)
+    direct = relax.op.log(relax.op.add(relax.const(1.0, dtype), e))
+    return relax.op.where(relax.op.less(e, relax.const(0.1, dtype)), series, direct)
+
+
+def softplus(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], context: ConverterContext) -> relax.Expr:
+    """Softplus(x) = max(x, 0) + log1p(exp(-|x|)), exact in both tails.
+
+    TVM's converter computes ``log(1 + exp(-|x|))``, which is off by 0.1%
+    near ``x = -9`` in float32 and rounds to 0 below ``x = -17``.
+    """
+    x = inputs[0]
+    dtype = str(x.ty.dtype)
+    tail = relax.op.exp(relax.op.negative(relax.op.abs(x)))
+    return relax.op.add(relax.op.maximum(x, relax.const(0.0, dtype)), _log1p(tail, dtype))
+
+
+def mish(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], context: ConverterContext) -> relax.Expr:
+    """Mish(x) = x * tanh(softplus(x)) = x * n / (n + 2), n = e^x (e^x + 2).
+
+    The rational form has no cancellation: TVM's ``tanh`` and
+    ``log(1 + exp(x))`` both round a tiny softplus to 0, which made every
+    output below ``x = -17`` zero. ``x`` is capped at 20 inside ``exp``,
+    where ``n / (n + 2)`` is 1 in float32, so large inputs do not overflow.
+    """
+    x = inputs[0]
+    dtype = str(x.ty.dtype)
+    t = relax.op.exp(relax.op.minimum(x, relax.const(20.0, dtype)))
+    n = relax.op.multiply(t, relax.op.add(t, relax.const(2.0, dtype)))
+    return relax.op.multiply(x, relax.op.divide(n, relax.op.add(n, relax.const(2.0, dtype))))
+
+
+CONVERTERS = {"Celu": celu, "Clip": clip, "Mish": mish, "Softplus": softplus}
