@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -158,3 +159,102 @@ def test_a_third_party_tag_plugin_installed_with_pip(model_path, tmp_path):
     if shutil.which("aarch64-linux-gnu-gcc"):
         forge_cli("compile", model_path, "-o", tmp_path / "acme", "--target", "acme/edge-1", env=env)
         assert (tmp_path / "acme" / "model_library.so").read_bytes()[18] == 183  # EM_AARCH64
+
+
+# ----------------------------------------------------------------------
+# forge quantize
+# ----------------------------------------------------------------------
+
+QUANT_SHAPE = (1, 3, 12, 12)
+
+
+@pytest.fixture(scope="module")
+def quant_model(tmp_path_factory):
+    """A tiny conv-relu-conv ONNX model (input "x" of QUANT_SHAPE), exported with torch."""
+    import torch
+
+    class ConvNet(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = torch.nn.Conv2d(3, 8, 3, padding=1)
+            self.conv2 = torch.nn.Conv2d(8, 4, 3, padding=1)
+
+        def forward(self, x):
+            return self.conv2(torch.relu(self.conv1(x)))
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("quant") / "convnet.onnx"
+    torch.onnx.export(ConvNet().eval(), (torch.randn(*QUANT_SHAPE),), str(path), dynamo=False,
+                      input_names=["x"], output_names=["y"])
+    return path
+
+
+def _samples(count, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(QUANT_SHAPE).astype(np.float32) for _ in range(count)]
+
+
+def _assert_close_to_float(model, artifact):
+    runtime = forge.Runtime(artifact)
+    float_fn = forge.from_onnx(model).get_inference_function()
+    for x in _samples(3, seed=99):
+        want = np.asarray(float_fn(x))
+        got = runtime.infer(x)[0]
+        assert got.shape == want.shape and got.dtype == np.float32
+        assert np.abs(got - want).max() < 0.1 * np.abs(want).max()
+
+
+def test_quantize_a_directory_of_npy_with_the_report(quant_model, tmp_path):
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for index, sample in enumerate(_samples(6)):
+        np.save(calib / f"sample_{index}.npy", sample)
+    out = tmp_path / "int8"
+    done = forge_cli("quantize", quant_model, "--calib", calib, "-o", out, "--max-samples", "5", "--report",
+                     "--report-json", tmp_path / "report.json")
+    assert "Calibrated on 5 samples" in done.stdout and "Quantized 2 layers (static" in done.stdout
+    assert os.listdir(out) == ["model_library.so"] and str(out) in done.stdout
+    _assert_close_to_float(quant_model, out)
+    rows = re.findall(r"│\s*(\S+)\s*│\s*conv\s*│\s*(-?\d+\.\d+)\s*│\s*(\d\S*)\s*│", done.stdout)
+    assert len(rows) == 2 and all(float(sqnr) > 15 for _, sqnr, _ in rows), done.stdout
+    assert "Lowest SQNR: " in done.stdout
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["num_samples"] == 5 and list(report["outputs"]) == ["y"]
+    assert [row["name"] for row in report["layers"]] == [name for name, _, _ in rows]
+    assert all(row["kind"] == "conv" and row["input_scale"] > 0 for row in report["layers"])
+
+
+def test_quantize_a_stacked_npz_per_channel(quant_model, tmp_path):
+    stacked = np.concatenate(_samples(4))  # (4, 3, 12, 12): sample i is x[i:i+1]
+    np.savez(tmp_path / "calib.npz", x=stacked)
+    out = tmp_path / "uint8"
+    done = forge_cli("quantize", quant_model, "--calib", tmp_path / "calib.npz", "-o", out, "--per-channel",
+                     "--activation-dtype", "uint8", "--method", "percentile", "--percentile", "99.9")
+    assert "Calibrated on 4 samples (stacked by input name)" in done.stdout
+    assert "activations uint8, kernels uint8 per-channel, percentile" in done.stdout
+    _assert_close_to_float(quant_model, out)
+
+
+@pytest.mark.parametrize(
+    "calib, message",
+    [
+        ("missing", "--calib: '{tmp}/missing' does not exist"),
+        ("empty", "--calib: the directory '{tmp}/empty' is empty"),
+        ("notes", "--calib: '{tmp}/notes/readme.txt' is not a .npy or .npz file"),
+        ("wrong_shape", "calibration sample 2: Input 'x' (#0): expected shape (1, 3, 12, 12), given (1, 3, 8, 8) "
+                        "(from {tmp}/wrong_shape/s_10.npy)"),
+    ],
+)
+def test_quantize_calibration_errors(quant_model, tmp_path, calib, message):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notes").mkdir()
+    np.save(tmp_path / "notes" / "s_0.npy", _samples(1)[0])
+    (tmp_path / "notes" / "readme.txt").write_text("samples")
+    (tmp_path / "wrong_shape").mkdir()
+    for name, sample in zip(["s_1", "s_2", "s_10"], _samples(2) + [np.zeros((1, 3, 8, 8), np.float32)]):
+        np.save(tmp_path / "wrong_shape" / f"{name}.npy", sample)  # natural order: s_10 is sample 2
+    done = forge_cli("quantize", quant_model, "--calib", tmp_path / calib, "-o", tmp_path / "out", check=False)
+    last_line = done.stderr.strip().splitlines()[-1]  # a progress bar may come before the error
+    assert done.returncode == 1 and last_line.startswith("forge: error: ")
+    assert message.format(tmp=tmp_path) in last_line
+    assert "Traceback" not in done.stderr and not (tmp_path / "out").exists()

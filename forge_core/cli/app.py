@@ -17,7 +17,7 @@ from forge_core.compiler.options import OPT_LEVELS
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="forge", description="Load, inspect, compile and run ML models.")
+    parser = argparse.ArgumentParser(prog="forge", description="Load, inspect, quantize, compile and run ML models.")
     parser.add_argument("--version", action="version", version=f"forge {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -66,6 +66,44 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--float16", action="store_true")
     tune.add_argument("--channel-layout", choices=["first", "last"])
     tune.set_defaults(handler=commands.cmd_tune)
+
+    quant = sub.add_parser(
+        "quantize", help="calibrate, quantize to int8/uint8 and compile a model into an artifact directory",
+        description="Calibrate a model on sample inputs, quantize it (QDQ) and compile it, as ir.calibrate(), "
+                    "ir.quantize() and ir.compile() do.",
+    )
+    model_arguments(quant)
+    quant.add_argument(
+        "--calib", metavar="PATH",
+        help="calibration samples: a directory of .npy files (one sample each, single-input models) or of .npz "
+             "files (one sample each, keyed by input name); or an .npz file keyed by the input names whose arrays "
+             "stack the samples along their leading axis (sample i is arr[i:i+1] when the array has the input's "
+             "rank, keeping a batch dimension of 1, else arr[i]); or, for a single-input model, an .npz with one "
+             "sample per array. Files and keys are read in natural order, one sample at a time; dtypes must match "
+             "the inputs' (nothing is cast). Required unless --quant-type dynamic")
+    quant.add_argument("--method", default="average", choices=["average", "entropy", "minmax", "percentile"],
+                       help="calibration method of the activation ranges (default: average)")
+    quant.add_argument("--percentile", type=float, default=99.0, metavar="P",
+                       help="the cut-off of --method percentile (default: 99.0)")
+    quant.add_argument("--per-channel", action="store_true", help="one kernel scale per output channel")
+    quant.add_argument("--activation-dtype", default="int8", choices=["int8", "uint8"], help="(default: int8)")
+    quant.add_argument("--kernel-dtype", choices=["int8", "uint8"], help="(default: the activation dtype)")
+    quant.add_argument("--quant-type", default="any", choices=["static", "dynamic", "any"],
+                       help="static: calibrated activation scales; dynamic: scales computed at run time, no "
+                            "calibration; any (default): static (calibration runs)")
+    quant.add_argument("--exclude", action="append", metavar="NODE",
+                       help="keep this node float (a layer name of the report or `forge info`; repeatable)")
+    quant.add_argument("--max-samples", type=int, metavar="N", help="use the first N calibration samples")
+    quant.add_argument("--report", action="store_true",
+                       help="print each quantized layer's SQNR against the float model on the calibration samples")
+    quant.add_argument("--report-json", metavar="FILE", help="write that report as JSON (null for an exact layer)")
+    quant.add_argument("-o", "--output", required=True, help="artifact directory (output_path)")
+    quant.add_argument("--target", default="llvm", help="target string, JSON or tag (default: llvm)")
+    quant.add_argument("--opt-level", type=int, default=3, choices=sorted(OPT_LEVELS),
+                       help="; ".join(f"{k}: {v}" for k, v in OPT_LEVELS.items()))
+    quant.add_argument("--channel-layout", choices=["first", "last"], help="set_channel_layout")
+    quant.add_argument("--force", action="store_true", help="force_overwrite a non-empty output directory")
+    quant.set_defaults(handler=commands.cmd_quantize)
 
     run = sub.add_parser("run", help="run a compiled artifact and time it")
     run.add_argument("artifact", help="artifact directory or model_library.so")

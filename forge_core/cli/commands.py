@@ -9,7 +9,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from rich.console import Console
@@ -99,6 +101,119 @@ def cmd_tune(args: argparse.Namespace) -> int:
     out.print(report.summary(), markup=False)
     out.print(f"Compile with it: forge compile {args.model} --target {args.target!r} --tuning-db {args.db}",
               markup=False)
+    return 0
+
+
+@contextlib.contextmanager
+def _naming_the_sample_file(samples: Any) -> Iterator[None]:
+    """Add the file (or archive entry) of a sample the model rejects to the error's message."""
+    from forge_core.errors import InputError
+
+    try:
+        yield
+    except InputError as exc:
+        source = getattr(samples, "last_source", None)
+        if source is None:
+            raise
+        raise InputError(f"{str(exc).rstrip('.')} (from {source})") from None
+
+
+def _finite_or_none(value: Any) -> Any:
+    """JSON has no infinity: a bit-exact layer's SQNR (+inf) is written as null."""
+    if isinstance(value, float) and not np.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite_or_none(v) for v in value]
+    return value
+
+
+def _print_quantization_report(report: Any, worst_count: int = 5) -> None:
+    from rich.text import Text
+
+    worst = [row for row in report.worst(worst_count) if not np.isposinf(row.sqnr_db)]
+    worst_names = {row.name for row in worst} if len(report.layers) > worst_count else set()
+    table = Table("layer", "kind", "SQNR dB", "input scale",
+                  title=f"Quantization report: SQNR against the float model over {report.num_samples} samples")
+    for column in table.columns[2:]:
+        column.justify = "right"
+    for row in report.layers:
+        scale = f"{row.input_scale:.4g}" if row.input_scale is not None else "dynamic"
+        table.add_row(Text(row.name), row.kind, f"{row.sqnr_db:.2f}", scale,
+                      style="bold red" if row.name in worst_names else None)
+    if report.outputs:
+        table.add_section()
+        for name, value in report.outputs.items():
+            table.add_row(Text(f"output {name}"), "", f"{value:.2f}", "")
+    out.print(table)
+    if worst:
+        listing = ", ".join(f"{row.name} ({row.sqnr_db:.2f} dB)" for row in worst)
+        out.print(f"Lowest SQNR: {listing}. Keep a layer float with --exclude NAME.", markup=False)
+
+
+def cmd_quantize(args: argparse.Namespace) -> int:
+    from forge_core.cli.calibration_files import calibration_samples
+    from forge_core.compiler.staging import check_output_path
+
+    started = time.perf_counter()
+    dynamic = args.quant_type == "dynamic"
+    wants_report = args.report or args.report_json is not None
+    if args.calib is None and (not dynamic or wants_report):
+        need = "--report and --report-json need" if dynamic else f"--quant-type {args.quant_type} needs"
+        raise ForgeError(f"{need} calibration samples: pass --calib DIR (one .npy/.npz per sample) or --calib FILE.npz")
+    check_output_path(Path(args.output), args.force)  # before the long steps
+    with err.status(f"Loading {args.model}"):
+        ir = load_model(args.model, args.frontend, args.shape)
+    if args.exclude:  # an unknown name fails now, not after calibration
+        from forge_core.quantization.plan import build_plan
+
+        build_plan(ir.mod, ir.params, exclude=args.exclude)
+    samples = calibration_samples(args.calib, ir.input_specs, args.max_samples) if args.calib else None
+    if not dynamic:
+        with _naming_the_sample_file(samples):
+            ir.calibrate(samples)
+        out.print(f"Calibrated on {samples.describe()}", markup=False)
+    ir.quantize(
+        activation_dtype=args.activation_dtype,
+        kernel_dtype=args.kernel_dtype,
+        per_channel=args.per_channel,
+        calib_method=args.method,
+        quant_type=args.quant_type,
+        exclude=args.exclude or (),
+        percentile=args.percentile,
+    )
+    info = ir.quantization_info
+    granularity = "per-channel" if info.per_channel else "per-tensor"
+    method = f", {info.calib_method}" if info.quant_type == "static" and info.calib_method else ""
+    excluded = f"; kept float: {', '.join(info.excluded)}" if info.excluded else ""
+    layers = f"{len(info.layers)} layer{'s' if len(info.layers) != 1 else ''}"
+    out.print(f"Quantized {layers} ({info.quant_type}, activations {info.activation_dtype}, "
+              f"kernels {info.kernel_dtype} {granularity}{method}){excluded}", markup=False)
+    from forge_core.compiler.compile import compile_module
+
+    with err.status(f"Compiling {args.model}") as status:
+        path = compile_module(
+            ir,
+            target=args.target,
+            output_path=args.output,
+            opt_level=args.opt_level,
+            set_channel_layout=args.channel_layout,
+            force_overwrite=args.force,
+            progress=lambda step: status.update(step),
+        )
+    files = ", ".join(sorted(p.name for p in Path(path).iterdir()))
+    out.print(f"Compiled {args.model} ({info.activation_dtype}) for {args.target} in "
+              f"{time.perf_counter() - started:.1f} s -> {path} ({files})", markup=False)
+    if wants_report:
+        with _naming_the_sample_file(samples):
+            report = ir.quantization_report(samples)
+        if args.report:
+            _print_quantization_report(report)
+        if args.report_json is not None:
+            destination = Path(args.report_json)
+            destination.write_text(json.dumps(_finite_or_none(report.to_dict()), indent=2, allow_nan=False) + "\n")
+            out.print(f"Report written to {destination}", markup=False)
     return 0
 
 

@@ -120,6 +120,8 @@ def compile_module(
         fingerprint=ir.fingerprint,
         structural_hash=hash(ir),
         forge_version=__version__,
+        quantization=ir.quantization_info.to_json() if ir.quantization_info is not None else None,
+        arrived_quantized=ir.is_quantized,
     )
     final_ir = mod
     mod = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)

@@ -58,6 +58,8 @@ def build_metadata(
     fingerprint: str,
     structural_hash: int,
     forge_version: str,
+    quantization: dict[str, Any] | None = None,
+    arrived_quantized: bool = False,
 ) -> dict[str, Any]:
     host = target.host if target.kind.name != "llvm" else None
     return {
@@ -73,11 +75,14 @@ def build_metadata(
         "device_type": "cuda" if target.kind.name == "cuda" else "cpu",
         "inputs": _io(inputs, layouts),
         "outputs": _io(outputs, {}),
-        "precision": "float16" if options.set_float16 else "float32",
+        "precision": (quantization["activation_dtype"] if quantization is not None
+                      else "quantized" if arrived_quantized
+                      else "float16" if options.set_float16 else "float32"),
         "channel_layout": options.set_channel_layout,
         "opt_level": options.opt_level,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
         "encrypted": False,
+        **({"quantization": quantization} if quantization is not None else {}),
     }
 
 

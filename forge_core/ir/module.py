@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -20,6 +20,8 @@ from forge_core.runtime.signature import TensorSpec
 
 if TYPE_CHECKING:
     from forge_core.graph import Graph, Node
+    from forge_core.quantization.quantize import QuantizationInfo
+    from forge_core.quantization.report import QuantizationReport
 
 _KEEP = object()  # _commit: leave the calibration data as it is
 
@@ -112,6 +114,7 @@ class IRModule:
         self._params: dict[str, weights.Tensor] = {}
         self._state = ModuleState()
         self._calibration: CalibrationData | None = None
+        self._quantization: QuantizationInfo | None = None
         self.tuning_database = tuning_database
 
     def _commit(
@@ -121,6 +124,7 @@ class IRModule:
         params: dict[str, weights.Tensor] | None = None,
         state: ModuleState | None = None,
         calibration: CalibrationData | None | object = _KEEP,
+        quantization: QuantizationInfo | None | object = _KEEP,
     ) -> None:
         """The one place where the module's IR, weights, state flags and calibration data change.
 
@@ -136,6 +140,8 @@ class IRModule:
         if calibration is not _KEEP:
             self._calibration = calibration if calibration else None  # type: ignore[assignment]
             new_state = replace(new_state, is_calibrated=self._calibration is not None)
+        if quantization is not _KEEP:
+            self._quantization = quantization  # type: ignore[assignment]
         self._mod, self._params, self._state = new_mod, new_params, new_state
         self._version += 1
 
@@ -150,15 +156,16 @@ class IRModule:
         if unknown:
             raise TypeError(f"Unknown state flags: {', '.join(sorted(unknown))}")
         return IRModule._from_parts(self._mod, self._params, replace(self._state, **flags), self.tuning_database,
-                                    self._calibration)
+                                    self._calibration, self._quantization)
 
     @classmethod
     def _from_parts(cls, mod: tvm.IRModule, params: dict[str, weights.Tensor], state: ModuleState,
                     tuning_database: os.PathLike[str] | str | None = None,
-                    calibration: CalibrationData | None = None) -> IRModule:
+                    calibration: CalibrationData | None = None,
+                    quantization: QuantizationInfo | None = None) -> IRModule:
         obj = cls.__new__(cls)
         obj._start(tuning_database)
-        obj._commit(mod=mod, params=params, state=state, calibration=calibration)
+        obj._commit(mod=mod, params=params, state=state, calibration=calibration, quantization=quantization)
         return obj
 
     # ------------------------------------------------------------------
@@ -367,7 +374,7 @@ class IRModule:
         params = {name: weights.copy_tensor(t) for name, t in self._params.items()}
         calibration = self._calibration.copy() if self._calibration is not None else None
         return IRModule._from_parts(weights.deep_copy_module(self._mod), params, self._state, self.tuning_database,
-                                    calibration)
+                                    calibration, self._quantization)
 
     def __copy__(self) -> IRModule:
         return self.copy()
@@ -477,6 +484,151 @@ class IRModule:
             None. This method operates in place.
         """
         self.apply_pass("split_tensors", force=force)
+
+    # ------------------------------------------------------------------
+    # Calibration and quantization
+    # ------------------------------------------------------------------
+
+    def calibrate(self, calib_data: Iterable[Any], reset: bool = True, use_cuda: bool = True) -> None:
+        """Calibrates the model by tracking intermediate layer statistics.
+
+        This method collects statistics from intermediate layers of the model
+        using the provided calibration dataset: for every activation that
+        quantization reads, each sample's minimum and maximum and a histogram of
+        its magnitudes; and each weight's per-channel extrema. These statistics
+        are used for deriving quantization parameters in a subsequent
+        quantization process. It's essential that the calibration data is
+        representative of the model's expected real-world inputs. Samples are
+        streamed: memory holds one sample's intermediate values at a time.
+
+        Note: Ensure that the calibration data is in the form of numpy arrays
+        and has undergone the necessary pre-processing steps required for the
+        model.
+
+        Args:
+            calib_data: An iterable of data samples for calibration: each an
+                array (single-input models), a tuple or list of arrays in input
+                order, or a dict keyed by input name. The samples should be in a
+                format compatible with the model's input requirements. Inspect
+                the ``RelayModule.input_shapes``.
+            reset: If True, any previous calibration data is cleared before new
+                data is processed. Defaults to True.
+            use_cuda: If True, Forge will utilize CUDA devices for calibration
+                if GPUs can be found. Operation will fall back to CPU if GPUs are
+                not found. Default is True.
+
+        Returns:
+            None. This method operates in place.
+
+        Raises:
+            ValueError: If ``calib_data`` is not an iterable of samples, holds
+                none, or a sample does not match the model's inputs (the error
+                names the sample's index, the input, and the expected and given
+                shape or dtype).
+        """
+        from forge_core.quantization.calibrate import calibrate
+
+        data = calibrate(self, calib_data, previous=None if reset else self._calibration, use_cuda=use_cuda)
+        self._commit(calibration=data)
+
+    def quantize(
+        self,
+        activation_dtype: str = "int8",
+        kernel_dtype: str | None = None,
+        bias_dtype: str | None = None,
+        per_channel: bool = False,
+        calib_method: str = "average",
+        quant_type: str = "any",
+        *,
+        exclude: Iterable[str] = (),
+        percentile: float = 99.0,
+    ) -> None:
+        """Applies quantization to the model with specified parameters.
+
+        This method quantizes the model's activations, kernels, and biases to
+        the specified data types. If kernel_dtype and bias_dtype are None, they
+        default to the activation_dtype. The quantization can be "static"
+        (requiring prior calibration), "dynamic" (no calibration needed), or
+        "any" (prioritizing static if possible).
+
+        Convolutions and dense layers (matmuls with a constant weight) are
+        quantized, and in static quantization the adds and concats between
+        them; softmax, normalizations and other operators stay float. The
+        result is QDQ (quantize/dequantize pairs) in TVM's IR: see the README's
+        "Quantization" section for the policy and the IR's shape. Biases are
+        int32 with scale = input scale x weight scale (static) or stay float
+        (dynamic).
+
+        Note: When using "static" quant_type, ensure calibration is performed
+        beforehand. If split_tensors is enabled, existing calibration data is
+        discarded due to graph changes, necessitating fresh calib_data.
+
+        Args:
+            activation_dtype: Data type for activations ("int8", "uint8"),
+                default is "int8".
+            kernel_dtype: Data type for kernels ("int8", "uint8"), defaults to
+                activation_dtype.
+            bias_dtype: Data type for biases ("int8", "uint8", "int32"),
+                defaults to activation_dtype; biases are accumulated in int32.
+            per_channel: If True, performs per-channel quantization on kernels.
+                Default is False.
+            calib_method: Method for calibration ("average", "entropy",
+                "minmax", "percentile"), default is "average". "average" -
+                computed average of the min-max extrema across calibration data,
+                "entropy" - distribution-based maximization of entropy of
+                quantized values (KL-divergence threshold search), "minmax" -
+                absolute most extreme min-max values across calibration data,
+                "percentile" - computed 99-th percentile cut-offs across
+                calibration data.
+            quant_type: Type of quantization ("static", "dynamic", "any"),
+                default is "any".
+            exclude: Node names (see ``ir.main``) to keep float, e.g. the layers
+                :meth:`quantization_report` shows losing accuracy.
+            percentile: The cut-off of the "percentile" method, e.g. 99.99.
+
+        Returns:
+            None. This method operates in place.
+
+        Raises:
+            ValueError: A dtype, calib_method or quant_type string that is not
+                one of the above; quant_type="static" without calibration; an
+                already quantized module; an ``exclude`` name that is no node.
+        """
+        from forge_core.quantization.quantize import quantize
+
+        if self._state.is_quantized:
+            raise ValueError("the module is already quantized; quantize a copy() taken before quantizing")
+        reference = self.copy()
+        mod, params, info = quantize(
+            self, self._calibration, activation_dtype=activation_dtype, kernel_dtype=kernel_dtype,
+            bias_dtype=bias_dtype, per_channel=per_channel, calib_method=calib_method, quant_type=quant_type,
+            exclude=exclude, percentile=percentile)
+        info.reference = reference
+        self._commit(mod=mod, params=params, state=replace(self._state, is_quantized=True), quantization=info)
+
+    @property
+    def quantization_info(self) -> QuantizationInfo | None:
+        """How :meth:`quantize` quantized this module (settings and each layer's parameters), else None."""
+        return self._quantization
+
+    def quantization_report(self, calib_data: Iterable[Any], use_cuda: bool = True) -> QuantizationReport:
+        """Each quantized layer's output SQNR against the float model, over ``calib_data``.
+
+        A layer whose SQNR drops far below its predecessors' is the one to pass
+        to ``quantize(exclude=[...])``. ``print(report)`` shows the table.
+
+        Args:
+            calib_data: Samples as :meth:`calibrate` takes them.
+            use_cuda: As for :meth:`calibrate`.
+
+        Raises:
+            ValueError: The module was not quantized by :meth:`quantize`.
+        """
+        from forge_core.quantization.report import quantization_report
+
+        if self._quantization is None or self._quantization.reference is None:
+            raise ValueError("quantization_report() needs a module quantized by quantize()")
+        return quantization_report(self, self._quantization, calib_data, use_cuda=use_cuda)
 
     # ------------------------------------------------------------------
     # Compilation

@@ -22,7 +22,9 @@ Schema, version 1 (``schema_version``)::
                      layout "NCHW"/"NHWC" when the input feeds a convolution or
                      pooling directly, else null
     outputs          [{"name", "shape", "dtype", "layout"}]
-    precision        "float32", or "float16" with set_float16
+    precision        "float32", or "float16" with set_float16; "int8"/"uint8" (the
+                     activation dtype) for a module quantized by quantize(); "quantized"
+                     for a model that arrived quantized (ONNX QDQ, TFLite int8)
     channel_layout   "first", "last" or null (set_channel_layout)
     opt_level        0..4
     created          UTC creation time, ISO 8601
@@ -31,6 +33,11 @@ Schema, version 1 (``schema_version``)::
                      the rule that scheduled each kernel, and the kernels that
                      fell back to the generic schedule or to none (absent
                      from artifacts compiled before Forge recorded it)
+    quantization     optional, present when quantize() made the module: its settings
+                     (activation_dtype, kernel_dtype, bias_dtype, per_channel, calib_method,
+                     quant_type, excluded) and "layers": {output node: {"kind", "node",
+                     "inputs": {tensor: {"scale", "zero_point", "dtype", "axis"} or "dynamic"},
+                     "weight": {...}, "bias": {...}}}
     library          only in model_metadata.json: {"file": "model_library.so", "sha256": ...}
 """
 
@@ -99,7 +106,7 @@ JSON_SCHEMA: dict[str, Any] = {
         "device_type": {"enum": ["cpu", "cuda"]},
         "inputs": {"type": "array", "items": _TENSOR_SCHEMA},
         "outputs": {"type": "array", "items": _TENSOR_SCHEMA},
-        "precision": {"enum": ["float32", "float16"]},
+        "precision": {"enum": ["float32", "float16", "int8", "uint8", "quantized"]},
         "channel_layout": {"enum": ["first", "last", None]},
         "opt_level": {"type": "integer", "minimum": 0, "maximum": 4},
         "created": {"type": "string", "pattern": "^\\d{4}-\\d{2}-\\d{2}T\\d{2}:\\d{2}:\\d{2}Z$"},
@@ -109,6 +116,12 @@ JSON_SCHEMA: dict[str, Any] = {
             "required": ["rules", "fallbacks"],
             "properties": {"rules": {"type": "object", "additionalProperties": {"type": "string"}},
                            "fallbacks": {"type": "array", "items": {"type": "string"}}},
+        },
+        "quantization": {
+            "type": "object",
+            "required": ["activation_dtype", "kernel_dtype", "bias_dtype", "per_channel", "calib_method",
+                         "quant_type", "layers"],
+            "properties": {"quant_type": {"enum": ["static", "dynamic"]}, "layers": {"type": "object"}},
         },
         "library": {
             "type": "object",
@@ -133,6 +146,6 @@ def read_embedded(data: bytes) -> dict[str, Any] | None:
     start = data.find(_ANCHOR)
     if start < 0:
         return None
-    text = data[start:start + 1_000_000].decode("ascii", errors="replace")
+    text = data[start:start + 64_000_000].decode("ascii", errors="replace")  # per-channel scales of big models
     document, _ = json.JSONDecoder().raw_decode(text)
     return document

@@ -318,4 +318,15 @@ def load_onnx(
         opset or _model_opset(proto),
         time.perf_counter() - started,
     )
-    return ir
+    return ir.with_state(is_quantized=True) if is_quantized_model(proto) else ir
+
+
+QUANTIZED_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv",
+                           "QLinearMatMul", "QLinearAdd", "QLinearMul", "QLinearSigmoid", "QLinearLeakyRelu",
+                           "QLinearConcat", "QLinearAveragePool", "QLinearGlobalAveragePool", "QGemm",
+                           "MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat"})
+
+
+def is_quantized_model(proto: onnx.ModelProto) -> bool:
+    """Whether the model is already quantized: QDQ pairs, QLinear* or integer operators in its graph."""
+    return any(node.op_type in QUANTIZED_OPS for node in proto.graph.node)

@@ -1,0 +1,162 @@
+"""From calibration statistics to quantization parameters (numpy only).
+
+The four methods of ``quantize(calib_method=...)`` each turn a node's
+statistics into a range ``[low, high]``:
+
+* ``"average"``: the mean over samples of each sample's minimum and maximum;
+* ``"minmax"``: the smallest minimum and the largest maximum seen;
+* ``"entropy"``: the threshold ``T`` on ``|x|`` whose quantized distribution is
+  closest, in KL divergence, to the observed one (TensorRT's search over the
+  histogram), the range being the observed one clipped to ``[-T, T]``;
+* ``"percentile"``: ``T`` is the given percentile of ``|x|`` (99 by default,
+  as the docs say), clipped the same way.
+
+Activations are quantized asymmetrically (the zero point places 0 exactly on
+the grid, so ReLU outputs use all 256 levels); weights symmetrically (zero
+point 0 for int8, 128 for uint8), per tensor or per output channel; biases to
+int32 with scale = input scale x weight scale and zero point 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from forge_core.quantization.calibration_data import TensorStatistics
+
+CALIB_METHODS = ("average", "entropy", "minmax", "percentile")
+QUANT_DTYPES = ("int8", "uint8")
+BIAS_DTYPES = ("int8", "uint8", "int32")
+QUANT_TYPES = ("static", "dynamic", "any")
+
+_LIMITS = {"int8": (-128, 127), "uint8": (0, 255), "int32": (-(2**31), 2**31 - 1)}
+
+
+def dtype_limits(dtype: str) -> tuple[int, int]:
+    """The smallest and largest value of an integer dtype."""
+    return _LIMITS[dtype]
+
+
+@dataclass(frozen=True)
+class QuantParams:
+    """Scale(s) and zero point(s) of one tensor; arrays for per-channel (``axis`` set), scalars otherwise."""
+
+    scale: np.ndarray
+    zero_point: np.ndarray
+    dtype: str
+    axis: int | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {"scale": np.asarray(self.scale).tolist(), "zero_point": np.asarray(self.zero_point).tolist(),
+                "dtype": self.dtype, "axis": self.axis}
+
+
+def _entropy_threshold(histogram: np.ndarray, edges: np.ndarray, levels: int) -> float:
+    """TensorRT's KL-divergence threshold search over a histogram of ``|x|``.
+
+    For each candidate threshold (bin ``i``), ``p`` is the histogram up to
+    ``i`` with every count beyond clipped into its last bin, and ``q`` the
+    unclipped bins merged into ``levels`` groups and spread back over their
+    non-empty bins; the threshold minimizing ``KL(p || q)`` wins, balancing
+    clipping error against rounding error.
+    """
+    counts = histogram.astype(np.float64)
+    used = int(np.nonzero(counts)[0].max()) + 1 if counts.any() else 0
+    if used <= levels:
+        return float(edges[max(used, 1)])
+    best_threshold, best_divergence = float(edges[used]), np.inf
+    tail = np.cumsum(counts[::-1])[::-1]  # tail[i] = counts[i:].sum()
+    for i in range(levels, used + 1):
+        sliced = counts[:i]
+        reference = sliced.copy()
+        if i < len(counts):
+            reference[i - 1] += tail[i]  # outliers clipped into the last bin
+        group = (np.arange(i) * levels) // i
+        nonzero = sliced > 0
+        totals = np.bincount(group, weights=sliced, minlength=levels)
+        members = np.bincount(group, weights=nonzero, minlength=levels)
+        expanded = np.where(nonzero, totals[group] / np.maximum(members[group], 1), 0.0)
+        if expanded.sum() == 0:
+            continue
+        p, q = reference / reference.sum(), expanded / expanded.sum()
+        mask = p > 0
+        if (q[mask] == 0).any():  # outliers clipped into an empty bin: infinite divergence
+            continue
+        divergence = float(np.sum(p[mask] * np.log(p[mask] / q[mask])))
+        if divergence < best_divergence:
+            best_divergence, best_threshold = divergence, float(edges[i])
+    return best_threshold
+
+
+def _percentile_threshold(histogram: np.ndarray, edges: np.ndarray, percentile: float) -> float:
+    cumulative = np.cumsum(histogram.astype(np.float64))
+    if cumulative[-1] == 0:
+        return float(edges[-1])
+    index = int(np.searchsorted(cumulative, cumulative[-1] * percentile / 100.0))
+    return float(edges[min(index + 1, len(edges) - 1)])
+
+
+def activation_range(stats: TensorStatistics, method: str, percentile: float = 99.0) -> tuple[float, float]:
+    """The range ``[low, high]`` (always holding 0) that ``method`` derives from ``stats``."""
+    if not stats.minima:
+        raise ValueError("no calibration samples were recorded for this node")
+    if method == "minmax":
+        low, high = min(stats.minima), max(stats.maxima)
+    elif method == "average":
+        low, high = float(np.mean(stats.minima)), float(np.mean(stats.maxima))
+    elif method in ("entropy", "percentile"):
+        assert stats.histogram is not None and stats.bin_edges is not None
+        low, high = min(stats.minima), max(stats.maxima)
+        if method == "entropy":
+            threshold = _entropy_threshold(stats.histogram, stats.bin_edges, 256 if low >= 0 else 128)
+        else:
+            threshold = _percentile_threshold(stats.histogram, stats.bin_edges, percentile)
+        low, high = max(low, -threshold), min(high, threshold)
+    else:
+        raise ValueError(f"calib_method must be one of {', '.join(map(repr, CALIB_METHODS))}; given {method!r}")
+    return min(low, 0.0), max(high, 0.0)
+
+
+def activation_params(low: float, high: float, dtype: str) -> QuantParams:
+    """Asymmetric parameters mapping ``[low, high]`` (holding 0) onto ``dtype``'s full range."""
+    qmin, qmax = dtype_limits(dtype)
+    low, high = min(low, 0.0), max(high, 0.0)
+    scale = (high - low) / (qmax - qmin)
+    if not np.isfinite(scale) or scale <= 0:
+        scale = 1.0
+    zero_point = int(np.clip(np.round(qmin - low / scale), qmin, qmax))
+    return QuantParams(np.float32(scale), np.asarray(zero_point, dtype=dtype), dtype)
+
+
+def weight_params(weight: np.ndarray, dtype: str, axis: int | None) -> QuantParams:
+    """Symmetric parameters for a weight, per output channel when ``axis`` is given."""
+    magnitude = np.abs(np.asarray(weight, dtype=np.float64))
+    if axis is None:
+        absmax = np.asarray(magnitude.max() if magnitude.size else 0.0)
+    else:
+        absmax = np.moveaxis(magnitude, axis, 0).reshape(weight.shape[axis], -1).max(axis=1)
+    scale = (absmax / 127.0).astype(np.float32)
+    scale = np.where(scale > 0, scale, np.float32(1.0)).astype(np.float32)
+    zero = 0 if dtype == "int8" else 128
+    return QuantParams(scale, np.full(scale.shape, zero, dtype=dtype), dtype, axis)
+
+
+def quantize_array(values: np.ndarray, params: QuantParams) -> np.ndarray:
+    """``values`` on the integer grid of ``params`` (round half to even, saturating)."""
+    qmin, qmax = dtype_limits(params.dtype)
+    scale, zero_point = np.asarray(params.scale, np.float64), np.asarray(params.zero_point, np.float64)
+    if params.axis is not None:
+        shape = [1] * values.ndim
+        shape[params.axis] = -1
+        scale, zero_point = scale.reshape(shape), zero_point.reshape(shape)
+    return np.clip(np.round(values / scale) + zero_point, qmin, qmax).astype(params.dtype)
+
+
+def dequantize_array(values: np.ndarray, params: QuantParams) -> np.ndarray:
+    scale, zero_point = np.asarray(params.scale, np.float32), np.asarray(params.zero_point, np.float32)
+    if params.axis is not None:
+        shape = [1] * values.ndim
+        shape[params.axis] = -1
+        scale, zero_point = scale.reshape(shape), zero_point.reshape(shape)
+    return ((values.astype(np.float32) - zero_point) * scale).astype(np.float32)
