@@ -134,3 +134,37 @@ def test_softplus_family_keeps_relative_accuracy_in_the_negative_tail(op, tmp_pa
     for opt_level in (0, 3, 4):
         ir.compile(output_path=str(tmp_path / f"o{opt_level}"), opt_level=opt_level)
         assert relative_error(forge.Runtime(str(tmp_path / f"o{opt_level}")).infer(x)[0]) < 2e-6, opt_level
+
+
+@pytest.mark.parametrize("op", ["Mish", "Softplus"])
+@pytest.mark.parametrize("context", ["alone", "conv-bias", "conv-bias-residual"])
+def test_softplus_family_in_each_fusion_context_matches_onnxruntime(op, context, tmp_path):
+    """As a conv epilogue (with a bias, and before a residual add) or alone, odd sizes, every opt_level."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(7)
+    shape = [1, 3, 7, 9]
+    nodes, inits = [], []
+    source = "x"
+    if context != "alone":
+        inits += [numpy_helper.from_array((rng.standard_normal((3, 3, 3, 3)) * 2).astype(np.float32), "w"),
+                  numpy_helper.from_array(rng.standard_normal(3).astype(np.float32), "b")]
+        nodes.append(helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]))
+        source = "c"
+    nodes.append(helper.make_node(op, [source], ["a"]))
+    result = "a"
+    if context == "conv-bias-residual":
+        nodes.append(helper.make_node("Add", ["a", "x"], ["y"]))
+        result = "y"
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info(result, TensorProto.FLOAT, shape)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    x = (rng.standard_normal(shape) * 8).astype(np.float32)  # reaches both tails
+    expected = ort_run(model, {"x": x})[0]
+    ir = forge.from_onnx(model)
+    for opt_level in range(5):
+        out = tmp_path / f"o{opt_level}"
+        ir.compile(output_path=str(out), opt_level=opt_level)
+        got = forge.Runtime(str(out)).infer(x)[0]
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5, err_msg=f"opt_level {opt_level}")

@@ -84,8 +84,10 @@ class WeightStatistics:
 
     @classmethod
     def of(cls, weight: np.ndarray, axis: int) -> WeightStatistics:
-        moved = np.moveaxis(np.asarray(weight, dtype=np.float64), axis, 0).reshape(weight.shape[axis], -1)
-        return cls(axis, moved.min(axis=1), moved.max(axis=1))
+        from forge_core.quantization.ranges import per_channel_rows
+
+        rows = per_channel_rows(np.asarray(weight, dtype=np.float64), axis)
+        return cls(axis, rows.min(axis=1), rows.max(axis=1))
 
     def copy(self) -> WeightStatistics:
         return WeightStatistics(self.axis, self.minima.copy(), self.maxima.copy())

@@ -93,8 +93,7 @@ def _is_constant(record: NodeRecord) -> bool:
         and str(record.ty.dtype) == "float32"
 
 
-def _layout_axis(attrs: Mapping[str, Any], key: str, fallback: str, letter: str) -> int:
-    layout = attrs.get(key) or attrs.get(fallback)
+def _layout_axis(layout: Any, letter: str) -> int:
     return str(layout).index(letter)
 
 
@@ -128,8 +127,8 @@ def _weighted_op(index: GraphIndex, record: NodeRecord) -> QuantOp | None:
         return None
     if record.op_name in CONV_OPS:
         kind = "conv"
-        weight_axis = _layout_axis(record.attrs, "kernel_layout", "kernel_layout", "O")
-        channel_axis = _layout_axis(record.attrs, "out_layout", "data_layout", "C")
+        weight_axis = _layout_axis(record.attrs["kernel_layout"], "O")
+        channel_axis = _layout_axis(record.attrs.get("out_layout") or record.attrs["data_layout"], "C")
     else:
         shape = tensor_shape(weight.ty)
         if shape is None or len(shape) != 2:
@@ -178,8 +177,7 @@ def build_plan(mod: tvm.IRModule, params: Mapping[str, Any], *, joins: bool = Tr
             operands = [index.records[p] for p in record.pred]
             if len(operands) >= 2 and all(_is_activation(r) for r in operands) \
                     and any(r.name in quantized_source for r in operands):
-                op = QuantOp(name, record.op_name, [r.name for r in operands],
-                             channel_axis=None)
+                op = QuantOp(name, record.op_name, [r.name for r in operands])
         if op is not None:
             plan.ops.append(op)
             quantized_source.add(name)

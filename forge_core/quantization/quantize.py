@@ -180,11 +180,10 @@ class _Rewriter:
         input_scale = np.float32(self.activation_params[op.activations[0]].scale)
         weight_scale = self.weight_params[op.name].scale
         scale = (input_scale * np.asarray(weight_scale, np.float32)).astype(np.float32)
-        rank = value.ndim
         axis = None
-        if scale.ndim == 1:  # per-channel: the bias's channel axis
-            channel_axis = op.channel_axis % len(self.plan.index.records[op.name].ty.shape.values)
-            axis = channel_axis - (len(self.plan.index.records[op.name].ty.shape.values) - rank)
+        if scale.ndim == 1:  # per-channel: the bias's channel axis (the bias may have fewer dims than the output)
+            out_rank = len(self.plan.index.records[op.name].ty.shape.values)
+            axis = op.channel_axis % out_rank - (out_rank - value.ndim)
         params = QuantParams(scale, np.zeros(scale.shape, np.int32), "int32", axis)
         quantized = quantize_array(value.astype(np.float64), params)
         node = emit(relax.op.dequantize(_const(quantized, "int32"), _const(scale, "float32"),
@@ -252,9 +251,12 @@ def quantize(ir: IRModule, calibration: CalibrationData | None, *, activation_dt
     first = build_plan(ir.mod, ir.params, joins=static, exclude=exclude)
     held = {first.index.records[name].param for op in first.ops for name in (op.weight, op.bias_constant)
             if name is not None and first.index.records[name].param is not None}
-    mod = weights.bind_params(ir.mod, {k: v for k, v in ir.params.items() if k in held})
-    params = {k: v for k, v in ir.params.items() if k not in held}
-    plan = build_plan(mod, params, joins=static, exclude=exclude)
+    if held:
+        mod = weights.bind_params(ir.mod, {k: v for k, v in ir.params.items() if k in held})
+        params = {k: v for k, v in ir.params.items() if k not in held}
+        plan = build_plan(mod, params, joins=static, exclude=exclude)
+    else:
+        mod, params, plan = ir.mod, dict(ir.params), first
     act_params: dict[str, QuantParams] = {}
     if static:
         assert calibration is not None

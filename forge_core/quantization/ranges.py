@@ -33,6 +33,11 @@ QUANT_TYPES = ("static", "dynamic", "any")
 _LIMITS = {"int8": (-128, 127), "uint8": (0, 255), "int32": (-(2**31), 2**31 - 1)}
 
 
+def per_channel_rows(values: np.ndarray, axis: int) -> np.ndarray:
+    """``values`` as one row per index of ``axis`` (a weight's output channels)."""
+    return np.moveaxis(values, axis, 0).reshape(values.shape[axis], -1)
+
+
 def dtype_limits(dtype: str) -> tuple[int, int]:
     """The smallest and largest value of an integer dtype."""
     return _LIMITS[dtype]
@@ -135,7 +140,7 @@ def weight_params(weight: np.ndarray, dtype: str, axis: int | None) -> QuantPara
     if axis is None:
         absmax = np.asarray(magnitude.max() if magnitude.size else 0.0)
     else:
-        absmax = np.moveaxis(magnitude, axis, 0).reshape(weight.shape[axis], -1).max(axis=1)
+        absmax = per_channel_rows(magnitude, axis).max(axis=1)
     scale = (absmax / 127.0).astype(np.float32)
     scale = np.where(scale > 0, scale, np.float32(1.0)).astype(np.float32)
     zero = 0 if dtype == "int8" else 128
@@ -151,12 +156,3 @@ def quantize_array(values: np.ndarray, params: QuantParams) -> np.ndarray:
         shape[params.axis] = -1
         scale, zero_point = scale.reshape(shape), zero_point.reshape(shape)
     return np.clip(np.round(values / scale) + zero_point, qmin, qmax).astype(params.dtype)
-
-
-def dequantize_array(values: np.ndarray, params: QuantParams) -> np.ndarray:
-    scale, zero_point = np.asarray(params.scale, np.float32), np.asarray(params.zero_point, np.float32)
-    if params.axis is not None:
-        shape = [1] * values.ndim
-        shape[params.axis] = -1
-        scale, zero_point = scale.reshape(shape), zero_point.reshape(shape)
-    return ((values.astype(np.float32) - zero_point) * scale).astype(np.float32)
