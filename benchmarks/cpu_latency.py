@@ -45,6 +45,7 @@ import forge
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from models import BertEncoder, DBNet, MobileNetV2, VoiceActivity, randomized  # noqa: E402
+from timing_worker import run_in_process as _worker  # noqa: E402
 
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 
@@ -72,14 +73,6 @@ class Case:
     inputs: list[np.ndarray]
     torch_path: Path | None
     load: object  # () -> forge.IRModule
-
-
-def _worker(engine: str, model: Path, inputs_path: Path) -> dict:
-    done = subprocess.run([sys.executable, str(HERE / "timing_worker.py"), engine, str(model), str(inputs_path)],
-                          capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{engine} timing failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _torch_case(name: str, model: torch.nn.Module, example: torch.Tensor, input_name: str, work: Path) -> Case:

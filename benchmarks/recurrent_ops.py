@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
@@ -31,6 +30,8 @@ from onnx import TensorProto, helper, numpy_helper
 import forge
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from timing_worker import run_in_process as _worker  # noqa: E402
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 IR_VERSION = 10  # onnxruntime rejects onnx.helper's default
 
@@ -109,14 +110,6 @@ def floor_model() -> tuple[onnx.ModelProto, np.ndarray]:
                               [info("x", TensorProto.FLOAT, [1, 64])], [info("y", TensorProto.FLOAT, [1, 64])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)], ir_version=IR_VERSION)
     return model, np.ones((1, 64), np.float32)
-
-
-def _worker(engine: str, model: Path, inputs_path: Path) -> dict:
-    done = subprocess.run([sys.executable, str(HERE / "timing_worker.py"), engine, str(model), str(inputs_path)],
-                          capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{engine} timing failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _prepare(name: str, model: onnx.ModelProto, x: np.ndarray, work: Path, opt_level: int) -> tuple[Path, Path, Path,

@@ -24,6 +24,18 @@ import numpy as np
 MIN_RUNS, MIN_SECONDS, WARMUP = 20, 3.0, 5
 
 
+def run_in_process(engine: str, model, inputs_path) -> dict:
+    """Time ``engine`` on ``model`` in a fresh process running this script; its JSON line as a dict."""
+    import subprocess
+    from pathlib import Path
+
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), engine, str(model), str(inputs_path)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{engine} timing failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def measure(run, inputs):
     for _ in range(WARMUP):
         first = run(inputs)

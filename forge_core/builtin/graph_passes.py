@@ -3,6 +3,9 @@
 ``compile()`` asks for them by name (``forge_core.compiler.pipeline.prepare_graph``),
 so each also runs alone through ``ir.apply_pass(name, **options)``:
 
+* ``lower_quantized``: a quantized module's QDQ convolutions and dense layers as
+  uint8 x int8 -> int32 operators with a fused requantizing epilogue (every opt_level;
+  :mod:`forge_core.quantization.lowering`);
 * ``decompose_for_inference``: batch and layer norms into arithmetic (opt_level 3);
 * ``set_channel_layout``: convolutions to ``layout="first"`` (NCHW) or ``"last"`` (NHWC);
 * ``set_float16``: float16 storage with float32 accumulation; inputs and outputs stay float32;
@@ -28,6 +31,14 @@ _FIXED_LAYOUTS = {"relax.nn.conv2d_transpose": ["NCHW", "IOHW"]}
 def _run(mod: tvm.IRModule, context: PassContext, passes: list[tvm.transform.Pass]) -> tvm.IRModule:
     with tvm.transform.PassContext(opt_level=int(context.options.get("opt_level", 3))):
         return tvm.transform.Sequential(passes)(mod)
+
+
+def lower_quantized(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:
+    """Compute quantized convolutions and dense layers in integers (uint8 x int8 -> int32), requantizing once."""
+    from forge_core.quantization.lowering import lower_to_integer
+    from forge_core.schedules.int8 import activation_dtype
+
+    return lower_to_integer(mod, data_dtype=activation_dtype(context.target))
 
 
 def decompose_for_inference(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:
@@ -58,5 +69,5 @@ def simplify(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:
 
 @hookimpl
 def register_passes(register: Callable[..., None]) -> None:
-    for transform in (decompose_for_inference, set_channel_layout, set_float16, simplify):
+    for transform in (lower_quantized, decompose_for_inference, set_channel_layout, set_float16, simplify):
         register(transform.__name__, transform, stage="optimize", description=transform.__doc__.splitlines()[0])

@@ -61,7 +61,7 @@ def compile_to_function(
         opt_level=opt_level, set_float16=set_float16, set_channel_layout=set_channel_layout,
     )
     tvm_target = resolve_target(target)
-    mod = prepare_graph(weights.bind_params(ir.mod, ir.params), options)
+    mod = prepare_graph(weights.bind_params(ir.mod, ir.params), options, tvm_target)
     database = Path(ir.tuning_database) if ir.tuning_database is not None else None
     try:
         executable = build(mod, tvm_target, options.opt_level, tuning_database=database)
@@ -110,7 +110,7 @@ def compile_module(
     report(f"Preparing the graph for {tvm_target.kind.name} (opt_level {options.opt_level})")
     mod = weights.bind_params(ir.mod, ir.params)
     layouts = input_layouts(mod)
-    mod = prepare_graph(mod, options)
+    mod = prepare_graph(mod, options, tvm_target)
     document = build_metadata(
         options=options,
         target=tvm_target,

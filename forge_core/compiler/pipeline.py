@@ -1,7 +1,8 @@
 """The passes ``compile()`` runs: graph preparation, then TVM's build by target.
 
 Graph preparation (Forge):
-    bind ``params`` as constants; ``opt_level >= 3``: the ``remove_dropout``
+    bind ``params`` as constants; a quantized module's QDQ operators into
+    integer ones (``lower_quantized``); ``opt_level >= 3``: the ``remove_dropout``
     pass, decompose inference ops (batch norm, layer norm...) and canonicalize
     bindings; channel layout
     conversion; float16 conversion; ``opt_level >= 2``: constant folding,
@@ -33,9 +34,12 @@ from forge_core.schedules.verify import take_failure, verification_enabled, veri
 
 logger = logging.getLogger("forge.compile")
 
-def prepare_graph(mod: tvm.IRModule, options: CompileOptions) -> tvm.IRModule:
-    """Forge's graph-level transforms, ``params`` already bound: registered passes, run by name."""
-    names: list[str] = []
+def prepare_graph(mod: tvm.IRModule, options: CompileOptions, target: tvm.target.Target | None = None) -> tvm.IRModule:
+    """Forge's graph-level transforms, ``params`` already bound: registered passes, run by name.
+
+    ``target``: what the module is compiled for (the integer lowering picks its activation dtype by it).
+    """
+    names: list[str] = ["lower_quantized"]
     if options.opt_level >= 3:
         names += ["remove_dropout", "decompose_for_inference"]
     if options.set_channel_layout is not None:
@@ -46,7 +50,8 @@ def prepare_graph(mod: tvm.IRModule, options: CompileOptions) -> tvm.IRModule:
         names.append("simplify")
     if options.opt_level >= 3:
         names.append("fast_math")
-    context = PassContext(options={"opt_level": options.opt_level, "layout": options.set_channel_layout})
+    context = PassContext(target=target,
+                          options={"opt_level": options.opt_level, "layout": options.set_channel_layout})
     return run_passes(mod, names, context)
 
 

@@ -7,6 +7,11 @@ on every fused PrimFunc; the first that returns a schedule wins.
 
 Rules, most specific first:
 
+* :class:`Int8Conv2dNCHW` and :class:`Int8Matmul`: the integer convolutions
+  and dense layers of a quantized module (uint8 x int8 -> int32, see
+  :mod:`forge_core.quantization.lowering`), tensorized with x86 VNNI's
+  ``vpdpbusd`` (Arm ``+dotprod``: ``sdot`` on int8); weights repacked at
+  compile time, the requantizing epilogue fused (:mod:`forge_core.schedules.int8`).
 * :class:`PointwiseConv2dNCHW`: 1x1 convolution (stride 1, no padding) on
   feature maps of whole vectors of pixels: a matrix product vectorized along
   the pixels, a register tile of up to 8 output channels by several vectors.

@@ -205,7 +205,7 @@ def tune_module(
     directory = Path(work_dir)
     database = open_database(directory, create=True)
 
-    mod = prepare_graph(weights.bind_params(ir.mod, ir.params), options)
+    mod = prepare_graph(weights.bind_params(ir.mod, ir.params), options, tvm_target)
     mod = lower_to_tir(mod, tvm_target, options.opt_level)
     # A function its emitter already scheduled (tirx.is_scheduled: a hand-written kernel) is not a task.
     extracted = [t for t in ms.relax_integration.extract_tasks(mod, tvm_target)

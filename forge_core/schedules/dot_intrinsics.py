@@ -1,0 +1,107 @@
+"""Integer dot-product intrinsics for tensorized uint8 x int8 -> int32 kernels.
+
+Each intrinsic computes ``C[i] += sum_k A[k] * B[i, k]`` for 16 (or 8, the
+256-bit form, for channel counts such as 24) output lanes and a reduction of 4: one x86 VNNI instruction (``vpdpbusd``),
+``A`` 4 uint8 broadcast to every lane, ``B`` a 16x4 int8 block, ``C`` 16
+int32 accumulators, 64 multiply-adds. The accumulators are the kernel's
+register tile (scope ``local``).
+
+On Arm with ``+dotprod`` (Cortex-A76 and later: Raspberry Pi 5), ``sdot``
+does the same for int8 x int8 into 4 lanes; activations then stay int8.
+
+TVM 0.27's own ``dot_16x4_vnni`` passes its operands as ``int32x16`` where
+LLVM 22's intrinsic expects ``<64 x i8>``, and LLVM's verifier rejects the
+call; these pass the bytes as ``uint8x64`` (``A`` broadcast, then
+reinterpreted) and ``int8x64``.
+
+No saturating form (``pmaddubsw``, TVM's ``dot_16x4_avx512``) is used: it
+saturates int16 pairs on full-range uint8 x int8 data.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm.s_tir import TensorIntrin
+from tvm.script import tirx as T
+
+VNNI_16x4 = "forge_dot_16x4_u8i8i32_vnni"
+VNNI_8x4 = "forge_dot_8x4_u8i8i32_vnni"
+SDOT_4x4 = "forge_dot_4x4_i8i8i32_sdot"
+
+
+def _description(lanes: int, data: str = "uint8") -> tvm.tirx.PrimFunc:
+    @T.prim_func(s_tir=True)
+    def description(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (4,), data, offset_factor=1)
+        B = T.match_buffer(b, (lanes, 4), "int8", offset_factor=1)
+        C = T.match_buffer(c, (lanes,), "int32", offset_factor=1, scope="local")
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:4], B[0:lanes, 0:4])
+            T.writes(C[0:lanes])
+            for i in T.serial(0, lanes):
+                for k in T.serial(0, 4):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
+
+    return description
+
+
+def _vnni(lanes: int, llvm_name: str) -> tvm.tirx.PrimFunc:
+    bytes_ = lanes * 4
+
+    @T.prim_func(s_tir=True)
+    def implementation(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (4,), "uint8", offset_factor=1)
+        B = T.match_buffer(b, (lanes, 4), "int8", offset_factor=1)
+        C = T.match_buffer(c, (lanes,), "int32", offset_factor=1, scope="local")
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:4], B[0:lanes, 0:4])
+            T.writes(C[0:lanes])
+            a_word = T.reinterpret(A.vload([0], "uint8x4"), dtype="int32")
+            a_bytes = T.reinterpret(T.broadcast(a_word, lanes), dtype=f"uint8x{bytes_}")
+            C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id(llvm_name),
+                C.vload([0], dtype=f"int32x{lanes}"),
+                a_bytes,
+                B.vload([0, 0], dtype=f"int8x{bytes_}"),
+                dtype=f"int32x{lanes}",
+            )
+
+    return implementation
+
+
+def _sdot() -> tvm.tirx.PrimFunc:
+    @T.prim_func(s_tir=True)
+    def implementation(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (4,), "int8", offset_factor=1)
+        B = T.match_buffer(b, (4, 4), "int8", offset_factor=1)
+        C = T.match_buffer(c, (4,), "int32", offset_factor=1, scope="local")
+        with T.sblock("root"):
+            T.reads(C[0:4], A[0:4], B[0:4, 0:4])
+            T.writes(C[0:4])
+            a_word = T.reinterpret(A.vload([0], "int8x4"), dtype="int32")
+            C[T.ramp(T.int32(0), 1, 4)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.aarch64.neon.sdot.v4i32.v16i8"),
+                C.vload([0], dtype="int32x4"),
+                T.reinterpret(T.broadcast(a_word, 4), dtype="int8x16"),
+                B.vload([0, 0], dtype="int8x16"),
+                dtype="int32x4",
+            )
+
+    return implementation
+
+
+_registered = False
+
+
+def register() -> None:
+    """Register Forge's intrinsics once (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    TensorIntrin.register(VNNI_16x4, _description(16), _vnni(16, "llvm.x86.avx512.vpdpbusd.512"), override=True)
+    TensorIntrin.register(VNNI_8x4, _description(8), _vnni(8, "llvm.x86.avx512.vpdpbusd.256"), override=True)
+    TensorIntrin.register(SDOT_4x4, _description(4, "int8"), _sdot(), override=True)
+    _registered = True
+

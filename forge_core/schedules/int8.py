@@ -1,0 +1,237 @@
+"""uint8 x int8 -> int32 convolutions and dense layers on byte dot-product instructions.
+
+The integer operators of :mod:`forge_core.quantization.lowering` reduce over
+input channels (or ``K``) in groups of 4 bytes: one ``vpdpbusd`` (x86 VNNI)
+multiplies 4 uint8 activations, broadcast, by a 16 x 4 int8 weight block and
+adds the 16 dot products into 16 int32 lanes, 64 multiply-adds per
+instruction where fp32 FMA does 16.
+
+* :class:`Int8Matmul`: ``C[.., i, j] += A[.., i, k] * B[k, j]`` with ``B`` a
+  constant; ``B`` repacked at compile time to ``[N/16, K/4, 16, 4]``; a
+  register tile of up to 8 rows x one or two 16-lane vectors; ``k`` split by
+  4 and the inner ``16 x 4`` tensorized.
+* :class:`Int8Conv2dNCHW`: groups=1; the weight repacked at compile time to
+  ``[F/16, C/4, KH, KW, 16, 4]``, the input repacked once per call to
+  ``[N, C/4, H, W, 4]`` (four channels of a pixel contiguous, the
+  broadcast operand); a register tile of up to 14 output pixels x one or two
+  vectors of 16 output channels, the ``16 x 4`` inner block tensorized; the
+  fused requantizing epilogue writes each tile back.
+
+Both need 16 | output channels (or 8: the 256-bit form, 8 lanes; MobileNet's
+24-channel layers) and 4 | the reduction (the lowering pads input channels
+to a multiple of 4) and a target with AVX-512 VNNI. On Arm with ``+dotprod``
+the same rules use ``sdot`` (int8 x int8, the lowering then keeps activations
+int8): 4-lane accumulators, up to 4 side by side. Otherwise
+they decline and the integer operator takes the generic convolution or
+matmul rule (correct, int32 multiply-adds, slower). They never use the
+saturating ``pmaddubsw`` (see :mod:`forge_core.schedules.dot_intrinsics`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+from tvm import s_tir, tirx
+from tvm.s_tir import dlight
+
+from forge_core.schedules import dot_intrinsics
+from forge_core.schedules.blocks import blocks, extent, is_static, iter_kinds, largest_divisor, name_of
+from forge_core.schedules.conv2d import PREPACK
+from forge_core.schedules.epilogue import attach_epilogue, parallel_vectorized, split_epilogue
+
+LANES = 16
+UNIT = 4
+ACCUMULATORS = 28  # of 32 vector registers (AVX-512, NEON), the rest for operands
+
+
+@dataclass(frozen=True)
+class DotProduct:
+    """A target's byte dot product: the activation dtype it multiplies and its accumulator widths."""
+
+    data_dtype: str
+    intrinsics: dict[int, str]  # int32 lanes per accumulator -> tensor intrinsic, widest first
+    max_vectors: int  # accumulators side by side along the output channels
+
+    def lanes_for(self, channels: int) -> int | None:
+        return next((lanes for lanes in self.intrinsics if channels % lanes == 0), None)
+
+
+def dot_product(target: tvm.target.Target) -> DotProduct | None:
+    """x86 AVX-512 VNNI (uint8 x int8, 16 or 8 lanes), Arm ``+dotprod`` (int8 x int8, 4 lanes), or None."""
+    if target.kind.name != "llvm":
+        return None
+    from tvm.target import codegen
+
+    try:
+        if codegen.target_has_features("avx512vnni", target):
+            return DotProduct("uint8", {16: dot_intrinsics.VNNI_16x4, 8: dot_intrinsics.VNNI_8x4}, 2)
+        if codegen.target_has_features("dotprod", target):
+            return DotProduct("int8", {4: dot_intrinsics.SDOT_4x4}, 4)
+    except Exception:  # noqa: BLE001 - a target LLVM does not know
+        return None
+    return None
+
+
+def has_vnni(target: tvm.target.Target) -> bool:
+    """Whether ``target`` is an x86 CPU with AVX-512 VNNI."""
+    found = dot_product(target)
+    return found is not None and found.data_dtype == "uint8"
+
+
+def activation_dtype(target: tvm.target.Target | None) -> str:
+    """The dtype quantized activations take in integer kernels for ``target``: int8 for Arm's ``sdot``, else uint8."""
+    found = dot_product(target) if target is not None else None
+    return found.data_dtype if found is not None else "uint8"
+
+
+def _vectors(channels: int, lanes: int, most: int) -> int:
+    return next(v for v in range(most, 0, -1) if channels % (v * lanes) == 0)
+
+
+def _byte_operands(stmt: tirx.SBlock, dot: DotProduct) -> bool:
+    """Reads the dot product's data dtype and an int8 weight, writes int32."""
+    if len(stmt.reads) < 2:
+        return False
+    data, weight = stmt.reads[0].source, stmt.reads[-1].source
+    return (str(data.dtype), str(weight.dtype), str(stmt.writes[0].source.dtype)) == (dot.data_dtype, "int8", "int32")
+
+
+def _producer(sch: s_tir.Schedule, main: s_tir.SBlockRV, buffer: tirx.Buffer) -> s_tir.SBlockRV | None:
+    for block in blocks(sch):
+        if any(region.source.same_as(buffer) for region in sch.get(block).writes) \
+                and name_of(sch, block) != name_of(sch, main):
+            return block
+    return None
+
+
+def inline_side_inputs(sch: s_tir.Schedule, main: s_tir.SBlockRV, keep: s_tir.SBlockRV | None) -> None:
+    """Inline the elementwise stages before ``main`` that only its epilogue reads (a residual's dequantize).
+
+    The epilogue is computed per tile, under ``main``'s loops; a stage at the
+    root that feeds it would not be.
+    """
+    main_name, keep_name = name_of(sch, main), name_of(sch, keep) if keep is not None else None
+    for block in blocks(sch):  # block statements change as stages are inlined: compare names
+        name = name_of(sch, block)
+        if name == main_name:
+            return
+        if name != keep_name and set(iter_kinds(sch, block)) == {"S"}:
+            sch.compute_inline(block)
+
+
+class Int8Matmul(dlight.ScheduleRule):
+    """uint8 x int8 -> int32 dense/matmul with a constant ``[K, N]`` weight, VNNI-tensorized."""
+
+    def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:  # type: ignore[override]
+        dot = dot_product(target)
+        if not isinstance(func, tirx.PrimFunc) or dot is None or not is_static(func):
+            return None
+        sch = s_tir.Schedule(func)
+        reductions = [b for b in blocks(sch) if "R" in iter_kinds(sch, b)]
+        if len(reductions) != 1 or "matmul" not in name_of(sch, reductions[0]):
+            return None
+        mm = reductions[0]
+        stmt = sch.get(mm)
+        kinds = iter_kinds(sch, mm)
+        if not (kinds.endswith("SSR") and set(kinds[:-1]) == {"S"}) or not _byte_operands(stmt, dot):
+            return None
+        rhs = stmt.reads[1].source
+        *batch, i, j, k = sch.get_loops(mm)
+        rows, cols, depth = extent(sch, i), extent(sch, j), extent(sch, k)
+        lanes = dot.lanes_for(cols)
+        if len(rhs.shape) != 2 or [int(d) for d in rhs.shape] != [depth, cols] or lanes is None or depth % UNIT:
+            return None
+        dot_intrinsics.register()
+        vectors = _vectors(cols, lanes, dot.max_vectors)
+        # Measured with VNNI: 8 rows x 2 vectors beat 14 x 2 (operand loads); NEON's 4-lane tiles take 7 x 4.
+        mt = largest_divisor(rows, 14 if vectors == 1 else 8 if dot.max_vectors == 2 else ACCUMULATORS // vectors)
+
+        inline_side_inputs(sch, mm, None)
+        epilogue = split_epilogue(sch, mm)
+        repack = sch.cache_read(mm, 1, "global")
+        sch.transform_layout(mm, ("read", 1), lambda a, b: (b // lanes, a // UNIT, b % lanes, a % UNIT))
+        sch.annotate(repack, PREPACK, True)
+        i_outer, i_inner = sch.split(i, [None, mt])
+        j_outer, j_vectors, j_lanes = sch.split(j, [None, vectors, lanes])
+        k_outer, k_inner = sch.split(k, [None, UNIT])
+        sch.reorder(*batch, i_outer, j_outer, k_outer, i_inner, j_vectors, j_lanes, k_inner)
+        writer = attach_epilogue(sch, mm, epilogue)
+        sch.reverse_compute_at(writer, j_outer)
+        vectorize_tail(sch, writer)
+        sch.parallel(sch.fuse(*batch, i_outer, j_outer))
+        sch.unroll(i_inner)
+        sch.unroll(j_vectors)
+        sch.decompose_reduction(mm, k_outer)
+        sch.tensorize(j_lanes, dot.intrinsics[lanes])
+        return sch
+
+
+def vectorize_tail(sch: s_tir.Schedule, writer: s_tir.SBlockRV) -> None:
+    """Vectorize the epilogue's innermost loop when it is a whole vector of int32/float32 lanes."""
+    loops = sch.get_loops(writer)
+    if loops and (extent(sch, loops[-1]) or 0) % LANES == 0:
+        _, inner = sch.split(loops[-1], [None, LANES])
+        sch.vectorize(inner)
+
+
+class Int8Conv2dNCHW(dlight.ScheduleRule):
+    """uint8 x int8 -> int32 convolution, groups=1, NCHW, VNNI-tensorized (see the module doc)."""
+
+    def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:  # type: ignore[override]
+        dot = dot_product(target)
+        if not isinstance(func, tirx.PrimFunc) or dot is None or not is_static(func):
+            return None
+        sch = s_tir.Schedule(func)
+        found = [b for b in blocks(sch) if name_of(sch, b).startswith("conv2d_nchw")
+                 and iter_kinds(sch, b) == "SSSSRRR"]
+        if len(found) != 1:
+            return None
+        conv = found[0]
+        stmt = sch.get(conv)
+        if not _byte_operands(stmt, dot):
+            return None
+        weight = stmt.reads[-1].source
+        n, f, y, x, rc, ry, rx = sch.get_loops(conv)
+        channels_out, channels_in, width = extent(sch, f), extent(sch, rc), extent(sch, x)
+        lanes = dot.lanes_for(channels_out)
+        if len(weight.shape) != 4 or [int(d) for d in weight.shape[:2]] != [channels_out, channels_in] \
+                or lanes is None or channels_in % UNIT:
+            return None
+        dot_intrinsics.register()
+        # VNNI: two vectors of channels only on short rows (more pixels per tile on wide ones).
+        vectors = _vectors(channels_out, lanes, dot.max_vectors if lanes < 16 or width <= 7 else 1)
+        tile_x = largest_divisor(width, min(14, ACCUMULATORS // vectors))
+
+        data = stmt.reads[0].source
+        inline_side_inputs(sch, conv, _producer(sch, conv, data))
+        epilogue = split_epilogue(sch, conv)
+        repack = sch.cache_read(conv, len(stmt.reads) - 1, "global")
+        sch.transform_layout(conv, ("read", len(stmt.reads) - 1),
+                             lambda o, i, h, w: (o // lanes, i // UNIT, h, w, o % lanes, i % UNIT))
+        sch.annotate(repack, PREPACK, True)
+        # The input, four channels of each pixel together: written so by the padding stage, or repacked.
+        producer = _producer(sch, conv, data)
+        if producer is not None:
+            packed = producer
+            sch.transform_layout(producer, ("write", 0), lambda a, c, h, w: (a, c // UNIT, h, w, c % UNIT))
+        else:
+            packed = sch.cache_read(conv, 0, "global")
+            sch.transform_layout(packed, ("write", 0), lambda a, c, h, w: (a, c // UNIT, h, w, c % UNIT))
+
+        f_outer, f_vectors, f_lanes = sch.split(f, [None, vectors, lanes])
+        x_outer, x_inner = sch.split(x, [None, tile_x])
+        rc_outer, rc_inner = sch.split(rc, [None, UNIT])
+        sch.reorder(n, f_outer, y, x_outer, rc_outer, ry, rx, x_inner, f_vectors, f_lanes, rc_inner)
+        writer = attach_epilogue(sch, conv, epilogue)
+        sch.transform_layout(conv, ("write", 0), lambda a, b, c, d: (a, b // lanes, c, d, b % lanes))
+        sch.reverse_compute_at(writer, x_outer)
+        if tile_x >= 4:
+            sch.vectorize(sch.get_loops(writer)[-1])
+        sch.parallel(sch.fuse(n, f_outer, y))
+        sch.unroll(x_inner)
+        sch.unroll(f_vectors)
+        sch.decompose_reduction(conv, rc_outer)
+        sch.tensorize(f_lanes, dot.intrinsics[lanes])
+        parallel_vectorized(sch, packed, UNIT * LANES)
+        return sch

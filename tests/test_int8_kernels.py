@@ -1,0 +1,380 @@
+"""Integer kernels (issue 14): the VNNI rules bit-exact, and quantized models computed in integers.
+
+* Kernels: uint8 x int8 -> int32 convolutions and dense layers, with each
+  epilogue (none, int32 bias, the requantizing float epilogue with relu, and
+  with a residual add), odd sizes, and shapes the VNNI rules decline, built
+  by Forge's pipeline and compared with a numpy int64 reference (integer
+  outputs) and with TVM's unscheduled build (float epilogues), bit for bit.
+* The assembly holds ``vpdpbusd`` on a VNNI target and not on an AVX-512
+  target without VNNI, whose results stay exact.
+* Whole quantized models (a conv net with a residual, a depthwise and a
+  strided convolution and a dense layer; a BERT encoder from transformers)
+  computed in integers against the fake-quantized inference function.
+
+Speed is measured in benchmarks/int8_speed.py, never asserted here.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import tvm
+from tvm import relax
+
+import forge
+from forge_core.compiler.pipeline import build
+from forge_core.schedules.int8 import has_vnni
+
+VNNI = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+NO_VNNI = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
+RNG = np.random.default_rng(14)
+
+
+def _cpu_has_vnni() -> bool:
+    try:
+        return "avx512_vnni" in open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+
+
+needs_vnni = pytest.mark.skipif(not _cpu_has_vnni(), reason="this CPU has no AVX-512 VNNI to run the kernels on")
+
+
+def _epilogue(bb: relax.BlockBuilder, acc: relax.Expr, kind: str, channels: int, channel_shape: list[int],
+              residual: relax.Expr | None) -> relax.Expr:
+    if kind == "none":
+        return acc
+    bias = RNG.integers(-5000, 5000, channel_shape).astype(np.int32)
+    acc = bb.emit(relax.op.add(acc, relax.const(bias)))
+    if kind == "bias":
+        return acc
+    scale = (RNG.uniform(0.5, 2.0, channel_shape) * 1e-4).astype(np.float32)
+    value = bb.emit(relax.op.multiply(relax.op.astype(acc, "float32"), relax.const(scale)))
+    value = bb.emit(relax.op.nn.relu(value))
+    if kind == "residual":
+        assert residual is not None
+        value = bb.emit(relax.op.add(value, relax.op.dequantize(residual, relax.const(0.01, "float32"),
+                                                                relax.const(np.uint8(7)), out_dtype="float32")))
+    return bb.emit(relax.op.quantize(value, relax.const(0.02, "float32"), relax.const(np.uint8(3)),
+                                     out_dtype="uint8"))
+
+
+def _module(op: str, data_shape, weight: np.ndarray, kind: str, out_shape, **attrs) -> tvm.IRModule:
+    bb = relax.BlockBuilder()
+    data = relax.Var("data", relax.TensorType(data_shape, "uint8"))
+    residual = relax.Var("residual", relax.TensorType(out_shape, "uint8"))
+    params = [data, residual] if kind == "residual" else [data]
+    with bb.function("main", params):
+        with bb.dataflow():
+            if op == "conv2d":
+                acc = bb.emit(relax.op.nn.conv2d(data, relax.const(weight), out_dtype="int32", **attrs))
+                channels, channel_shape = weight.shape[0], [weight.shape[0], 1, 1]
+            else:
+                acc = bb.emit(relax.op.matmul(data, relax.const(weight), out_dtype="int32"))
+                channels, channel_shape = weight.shape[1], [weight.shape[1]]
+            out = bb.emit_output(_epilogue(bb, acc, kind, channels, channel_shape, residual))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _run(mod: tvm.IRModule, target: tvm.target.Target, inputs: list[np.ndarray], *, forge_build: bool):
+    schedules: dict = {}
+    if forge_build:
+        executable = build(mod, target, 3, schedules=schedules)
+    else:
+        executable = tvm.compile(mod, target=target)  # legalized only: plain loops, the reference
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(x) for x in inputs]).numpy()
+    return out, set(schedules.get("rules", {}).values()), executable
+
+
+def _reference_conv(data: np.ndarray, weight: np.ndarray, stride: int, padding: int) -> np.ndarray:
+    x = np.pad(data.astype(np.int64), [(0, 0), (0, 0), (padding, padding), (padding, padding)])
+    f, c, kh, kw = weight.shape
+    n, _, h, w = x.shape
+    oh, ow = (h - kh) // stride + 1, (w - kw) // stride + 1
+    out = np.zeros((n, f, oh, ow), np.int64)
+    for ry in range(kh):
+        for rx in range(kw):
+            window = x[:, :, ry:ry + stride * oh:stride, rx:rx + stride * ow:stride]
+            out += np.einsum("nchw,fc->nfhw", window, weight[:, :, ry, rx].astype(np.int64))
+    return out
+
+
+def _check(mod, inputs, rule, target=VNNI):
+    got, rules, executable = _run(mod, target, inputs, forge_build=True)
+    plain, _, _ = _run(mod, target, inputs, forge_build=False)
+    np.testing.assert_array_equal(got, plain)
+    if rule is not None:
+        assert rule in rules, rules
+    else:
+        assert not {"Int8Conv2dNCHW", "Int8Matmul"} & rules, rules
+    return executable
+
+
+CONV_CASES = [
+    # (C, F, H, W, kernel, stride, padding, rule)
+    (4, 16, 9, 9, 3, 1, 0, "Int8Conv2dNCHW"),
+    (12, 48, 7, 13, 3, 2, 1, "Int8Conv2dNCHW"),
+    (8, 32, 7, 7, 1, 1, 0, "Int8Conv2dNCHW"),  # two vectors of output channels
+    (4, 32, 15, 15, 7, 2, 3, "Int8Conv2dNCHW"),  # a stem: 7x7 stride 2
+    (6, 16, 5, 5, 3, 1, 1, None),  # input channels not a multiple of 4: the generic rule
+    (8, 24, 6, 6, 1, 1, 0, "Int8Conv2dNCHW"),  # 24 output channels: 8-lane (256-bit) accumulators
+    (8, 20, 6, 6, 1, 1, 0, None),  # output channels not a multiple of 8: the generic rule
+]
+
+
+@needs_vnni
+@pytest.mark.parametrize("kind", ["none", "bias", "requantize", "residual"])
+@pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: f"c{c[0]}f{c[1]}_{c[2]}x{c[3]}_k{c[4]}s{c[5]}p{c[6]}")
+def test_int8_conv2d_is_bit_exact_in_every_epilogue(case, kind):
+    channels_in, channels_out, height, width, k, stride, padding, rule = case
+    data = RNG.integers(0, 256, (2, channels_in, height, width)).astype(np.uint8)
+    weight = RNG.integers(-128, 128, (channels_out, channels_in, k, k)).astype(np.int8)
+    reference = _reference_conv(data, weight, stride, padding)
+    mod = _module("conv2d", data.shape, weight, kind, reference.shape, strides=stride, padding=padding)
+    residual = RNG.integers(0, 256, reference.shape).astype(np.uint8)
+    inputs = [data, residual] if kind == "residual" else [data]
+    got, _, _ = _run(mod, VNNI, inputs, forge_build=True)
+    if kind == "none":
+        np.testing.assert_array_equal(got, reference)
+    _check(mod, inputs, rule)
+
+
+MATMUL_CASES = [
+    # (batch dims + rows, K, N, rule)
+    ((1, 64), 64, 16, "Int8Matmul"),
+    ((5, 388), 388, 48, "Int8Matmul"),
+    ((2, 7, 96), 96, 96, "Int8Matmul"),
+    ((3, 64), 64, 40, "Int8Matmul"),  # 8-lane accumulators
+    ((3, 64), 64, 36, None),  # N not a multiple of 8: the generic rule
+]
+
+
+@needs_vnni
+@pytest.mark.parametrize("kind", ["none", "bias", "requantize"])
+@pytest.mark.parametrize("case", MATMUL_CASES, ids=lambda c: f"{'x'.join(map(str, c[0]))}_n{c[2]}")
+def test_int8_matmul_is_bit_exact_in_every_epilogue(case, kind):
+    shape, depth, columns, rule = case
+    data = RNG.integers(0, 256, shape).astype(np.uint8)
+    weight = RNG.integers(-128, 128, (depth, columns)).astype(np.int8)
+    reference = data.astype(np.int64) @ weight.astype(np.int64)
+    mod = _module("matmul", data.shape, weight, kind, reference.shape)
+    got, _, _ = _run(mod, VNNI, [data], forge_build=True)
+    if kind == "none":
+        np.testing.assert_array_equal(got, reference)
+    _check(mod, [data], rule)
+
+
+def _asm(executable: relax.VMExecutable) -> str:
+    """The kernels' assembly (the VM executable imports one LLVM module)."""
+    return "\n".join(m.inspect_source("asm") for m in executable.mod.imports if m.kind == "llvm")
+
+
+def test_vnni_target_emits_vpdpbusd_and_a_target_without_vnni_stays_exact():
+    assert has_vnni(VNNI) and not has_vnni(NO_VNNI)
+    data = RNG.integers(0, 256, (1, 8, 6, 6)).astype(np.uint8)
+    weight = RNG.integers(-128, 128, (32, 8, 3, 3)).astype(np.int8)
+    reference = _reference_conv(data, weight, 1, 1)
+    mod = _module("conv2d", data.shape, weight, "none", reference.shape, padding=1)
+    vnni = build(mod, VNNI, 3)
+    assert "vpdpbusd" in _asm(vnni)
+    fallback = build(mod, NO_VNNI, 3)
+    assert "vpdpbusd" not in _asm(fallback)
+    got = relax.VirtualMachine(fallback, tvm.cpu())["main"](tvm.runtime.tensor(data)).numpy()
+    np.testing.assert_array_equal(got, reference)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Whole quantized models: computed in integers, against the fake-quantized inference function
+# ----------------------------------------------------------------------------------------------------
+
+def _export(model: torch.nn.Module, inputs: tuple, names: list[str]):
+    import onnx
+
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, inputs, buffer, input_names=names, output_names=["output"], opset_version=17,
+                          dynamo=False)
+    return onnx.load_from_string(buffer.getvalue())
+
+
+class ConvNet(torch.nn.Module):
+    """A stem on 3 channels (padded to 4), a residual block, a 1x1, a depthwise, a strided conv, a dense layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(3, 32, 3, padding=1)
+        self.c2 = torch.nn.Conv2d(32, 32, 3, padding=1)
+        self.c3 = torch.nn.Conv2d(32, 48, 1)
+        self.dw = torch.nn.Conv2d(48, 48, 3, padding=1, groups=48)
+        self.c4 = torch.nn.Conv2d(48, 64, 3, stride=2, padding=1)
+        self.fc = torch.nn.Linear(64, 32)
+
+    def forward(self, x):
+        y = torch.relu(self.c1(x))
+        z = torch.relu(self.c2(y)) + y
+        w = torch.clamp(self.dw(self.c3(z)), 0, 6)
+        return self.fc(self.c4(w).mean((2, 3)))
+
+
+@pytest.fixture(scope="module")
+def conv_net():
+    torch.manual_seed(4)
+    proto = _export(ConvNet().eval(), (torch.randn(2, 3, 15, 15),), ["x"])
+    rng = np.random.default_rng(5)
+    return proto, [rng.standard_normal((2, 3, 15, 15)).astype(np.float32) for _ in range(5)]
+
+
+def _assert_close_to_fake_quantized(got: np.ndarray, expected: np.ndarray) -> None:
+    """Integer and float accumulation round differently in the last bit, which may move a requantized
+    value by one step; the outputs agree to within a few steps, and mostly exactly."""
+    error = np.abs(got - expected)
+    scale = np.abs(expected).max()
+    assert error.max() <= 0.03 * scale, (error.max(), scale)
+    sqnr = 10 * np.log10((expected ** 2).sum() / max((error ** 2).sum(), 1e-30))
+    assert sqnr >= 35, sqnr
+
+
+@needs_vnni
+@pytest.mark.parametrize("per_channel,quant_type,opt_level,layout", [
+    (True, "static", 3, None), (False, "static", 0, None), (True, "static", 1, None), (True, "static", 4, "first"),
+    (True, "static", 3, "last"), (True, "dynamic", 2, None)])
+def test_quantized_conv_net_computes_in_integers(conv_net, tmp_path, per_channel, quant_type, opt_level, layout,
+                                                 caplog):
+    import json
+    import logging
+
+    proto, samples = conv_net
+    ir = forge.from_onnx(proto)
+    ir.calibrate(samples[:4])
+    ir.quantize(per_channel=per_channel, quant_type=quant_type, calib_method="minmax")
+    with caplog.at_level(logging.INFO, logger="forge.quantization"):
+        ir.compile(output_path=str(tmp_path / "q"), opt_level=opt_level, set_channel_layout=layout,
+                   export_metadata=True)
+    lowered = [r.getMessage() for r in caplog.records if r.getMessage().startswith("integer lowering")]
+    # Static: all but the depthwise convolution (float by design); dynamic: the dense layer and the 1x1
+    # convolution (padded convolutions need a constant zero point and stay float).
+    assert lowered == [f"integer lowering: {5 if quant_type == 'static' else 2} quantized operator(s) computed "
+                       "as uint8 x int8 -> int32"], lowered
+    rules = set(json.loads((tmp_path / "q" / "model_metadata.json").read_text())["schedules"]["rules"].values())
+    if layout != "last":
+        assert {"Int8Matmul", "Int8Conv2dNCHW"} <= rules, rules
+    runtime = forge.Runtime(str(tmp_path / "q"))
+    reference = ir.get_inference_function()
+    x = samples[4]
+    _assert_close_to_fake_quantized(runtime.infer(x)[0], np.asarray(reference(x)))
+
+
+@needs_vnni
+def test_quantized_bert_encoder_computes_its_dense_layers_in_integers(tmp_path, caplog):
+    import json
+    import logging
+
+    from hf_models import ARCHITECTURES
+
+    arch = ARCHITECTURES["bert"]
+    model = arch.build(seed=3)
+    inputs = arch.inputs(batch=2, length=16, seed=1)
+    ir = forge.from_onnx(_export(model, inputs, list(arch.input_names)))
+    ir.calibrate([tuple(t.numpy() for t in arch.inputs(batch=2, length=16, seed=s)) for s in range(2, 6)])
+    ir.quantize(per_channel=True, calib_method="minmax")
+    with caplog.at_level(logging.INFO, logger="forge.quantization"):
+        ir.compile(output_path=str(tmp_path / "q"), export_metadata=True)
+    assert any(r.getMessage().startswith("integer lowering: 12 ") for r in caplog.records)  # q, k, v, o, FFN x2
+    rules = json.loads((tmp_path / "q" / "model_metadata.json").read_text())["schedules"]["rules"]
+    # Kernels are shared between layers (and between q, k and v): one per shape and epilogue.
+    assert sum(rule == "Int8Matmul" for rule in rules.values()) >= 4, rules
+    feeds = [t.numpy() for t in inputs]
+    got = forge.Runtime(str(tmp_path / "q")).infer(*feeds)[0]
+    _assert_close_to_fake_quantized(got, np.asarray(ir.get_inference_function()(*feeds)))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Arm +dotprod: int8 activations, sdot kernels
+# ----------------------------------------------------------------------------------------------------
+
+def test_raspberry_pi_5_int8_artifact_builds_with_sdot_and_its_int8_lowering_is_exact(conv_net, tmp_path):
+    """Cortex-A76 has +dotprod: activations stay int8 and the kernels use sdot (built here, run on Arm)."""
+    from forge_core.compiler.options import CompileOptions
+    from forge_core.compiler.pipeline import prepare_graph
+    from forge_core.ir import weights
+    from forge_core.quantization.lowering import lower_to_integer
+    from forge_core.targets.parsing import resolve_target
+
+    proto, samples = conv_net
+    ir = forge.from_onnx(proto)
+    ir.calibrate(samples[:4])
+    ir.quantize(per_channel=True)
+    pi5 = resolve_target("raspberry-pi/5")
+    schedules: dict = {}
+    executable = build(prepare_graph(weights.bind_params(ir.mod, ir.params), CompileOptions.validate(), pi5),
+                       pi5, 3, schedules=schedules)
+    assert "sdot" in _asm(executable) and "vpdpbusd" not in _asm(executable)
+    assert {"Int8Conv2dNCHW", "Int8Matmul"} <= set(schedules["rules"].values())
+    # The int8-activation form of the lowering, run here: the same values as the fake-quantized model.
+    lowered = lower_to_integer(weights.bind_params(ir.mod, ir.params), data_dtype="int8")
+    vm = relax.VirtualMachine(tvm.compile(lowered, target=NO_VNNI), tvm.cpu())
+    x = samples[4]
+    _assert_close_to_fake_quantized(vm["main"](tvm.runtime.tensor(x)).numpy(),
+                                    np.asarray(ir.get_inference_function()(x)))
+
+
+@pytest.mark.skipif(shutil.which("aarch64-linux-gnu-gcc") is None,
+                    reason="aarch64-linux-gnu-gcc is not installed (./scripts/setup installs Debian's gcc-aarch64-linux-gnu)")
+def test_raspberry_pi_5_int8_library_is_an_aarch64_elf(conv_net, tmp_path):
+    import json
+
+    from forge_core.runtime.library_file import elf_machine
+
+    proto, samples = conv_net
+    ir = forge.from_onnx(proto)
+    ir.calibrate(samples[:4])
+    ir.quantize(per_channel=True)
+    ir.compile(output_path=str(tmp_path / "pi5"), target="raspberry-pi/5", export_metadata=True)
+    metadata = json.loads((tmp_path / "pi5" / "model_metadata.json").read_text())
+    assert metadata["precision"] == "int8"
+    assert {"Int8Conv2dNCHW", "Int8Matmul"} <= set(metadata["schedules"]["rules"].values())
+    assert elf_machine((tmp_path / "pi5" / "model_library.so").read_bytes()) == "aarch64"
+
+
+@pytest.mark.parametrize("op", ["conv2d", "matmul"])
+def test_arm_dotprod_schedules_are_exact_with_the_instruction_emulated(op, monkeypatch):
+    """The sdot kernels' tiling, repacking and tensorization, run here: the same schedule with the 4x4 dot
+    product as plain loops (the one-instruction body runs only on Arm)."""
+    from tvm.s_tir import TensorIntrin
+
+    from forge_core.schedules import dot_intrinsics, int8
+
+    name = "forge_test_dot_4x4_i8i8i32_loops"
+    TensorIntrin.register(name, dot_intrinsics._description(4, "int8"), dot_intrinsics._description(4, "int8"),
+                          override=True)
+    monkeypatch.setattr(int8, "dot_product", lambda target: int8.DotProduct("int8", {4: name}, 4))
+    if op == "conv2d":
+        data = RNG.integers(-128, 128, (1, 12, 9, 11)).astype(np.int8)
+        weight = RNG.integers(-128, 128, (20, 12, 3, 3)).astype(np.int8)
+        reference = _reference_conv(data, weight, 1, 1)
+        attrs = {"padding": 1}
+    else:
+        data = RNG.integers(-128, 128, (2, 5, 36)).astype(np.int8)
+        weight = RNG.integers(-128, 128, (36, 28)).astype(np.int8)
+        reference = data.astype(np.int64) @ weight.astype(np.int64)
+        attrs = {}
+    bb = relax.BlockBuilder()
+    x = relax.Var("data", relax.TensorType(data.shape, "int8"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            call = (relax.op.nn.conv2d(x, relax.const(weight), out_dtype="int32", **attrs) if op == "conv2d"
+                    else relax.op.matmul(x, relax.const(weight), out_dtype="int32"))
+            out = bb.emit_output(bb.emit(call))
+        bb.emit_func_output(out)
+    got, rules, _ = _run(bb.get(), NO_VNNI, [data], forge_build=True)
+    assert {"Int8Conv2dNCHW" if op == "conv2d" else "Int8Matmul"} <= rules, rules
+    np.testing.assert_array_equal(got, reference)
+
