@@ -89,6 +89,12 @@ def _vectors(channels: int, lanes: int, most: int) -> int:
     return next(v for v in range(most, 0, -1) if channels % (v * lanes) == 0)
 
 
+def _takes_int8(func: tirx.PrimFunc) -> bool:
+    """An int8 parameter (the weight): the cheap test that lets every float function pass by."""
+    return isinstance(func, tirx.PrimFunc) and any(
+        isinstance(p, tirx.Buffer) and str(p.dtype) == "int8" for p in func.params)
+
+
 def _byte_operands(stmt: tirx.SBlock, dot: DotProduct) -> bool:
     """Reads the dot product's data dtype and an int8 weight, writes int32."""
     if len(stmt.reads) < 2:
@@ -125,7 +131,7 @@ class Int8Matmul(dlight.ScheduleRule):
 
     def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:  # type: ignore[override]
         dot = dot_product(target)
-        if not isinstance(func, tirx.PrimFunc) or dot is None or not is_static(func):
+        if not _takes_int8(func) or dot is None or not is_static(func):
             return None
         sch = s_tir.Schedule(func)
         reductions = [b for b in blocks(sch) if "R" in iter_kinds(sch, b)]
@@ -180,7 +186,7 @@ class Int8Conv2dNCHW(dlight.ScheduleRule):
 
     def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:  # type: ignore[override]
         dot = dot_product(target)
-        if not isinstance(func, tirx.PrimFunc) or dot is None or not is_static(func):
+        if not _takes_int8(func) or dot is None or not is_static(func):
             return None
         sch = s_tir.Schedule(func)
         found = [b for b in blocks(sch) if name_of(sch, b).startswith("conv2d_nchw")
