@@ -21,7 +21,11 @@ def test_the_passing_list_exists_and_is_substantial():
     assert len(read_passing()) > 1000
 
 
-def test_the_whole_suite_keeps_every_listed_case_passing():
+def test_the_whole_suite_keeps_every_listed_case_passing(monkeypatch):
+    # Every case's outputs are compared with ONNX's reference outputs, so a schedule that computes wrong
+    # fails its case without verification mode, which would double each compile (DenseNet-121: 57 -> 127 s)
+    # and make this, the suite's longest test, twice as long.
+    monkeypatch.delenv("FORGE_VERIFY", raising=False)
     cases = all_cases()
     listed = read_passing()
     assert listed <= set(cases), sorted(listed - set(cases))[:10]
