@@ -126,3 +126,18 @@ def assert_matches_framework(got, want: np.ndarray, rtol: float = 1e-4) -> None:
     got = got[0] if isinstance(got, list) else got
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * float(np.abs(want).max()))
+
+
+def export_torch(model, inputs: tuple, names: list[str]) -> onnx.ModelProto:
+    """``model`` exported by torch's TorchScript exporter at opset 17, one output named ``output``."""
+    import io
+    import warnings
+
+    import torch
+
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, inputs, buffer, input_names=names, output_names=["output"], opset_version=17,
+                          dynamo=False)
+    return onnx.load_from_string(buffer.getvalue())

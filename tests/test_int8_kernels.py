@@ -16,9 +16,7 @@ Speed is measured in benchmarks/int8_speed.py, never asserted here.
 
 from __future__ import annotations
 
-import io
 import shutil
-import warnings
 
 import numpy as np
 import pytest
@@ -27,6 +25,7 @@ import tvm
 from tvm import relax
 
 import forge
+from model_factory import export_torch
 from forge_core.compiler.pipeline import build
 from forge_core.schedules.int8 import has_vnni
 
@@ -196,15 +195,7 @@ def test_vnni_target_emits_vpdpbusd_and_a_target_without_vnni_stays_exact():
 # Whole quantized models: computed in integers, against the fake-quantized inference function
 # ----------------------------------------------------------------------------------------------------
 
-def _export(model: torch.nn.Module, inputs: tuple, names: list[str]):
-    import onnx
-
-    buffer = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(model, inputs, buffer, input_names=names, output_names=["output"], opset_version=17,
-                          dynamo=False)
-    return onnx.load_from_string(buffer.getvalue())
+_export = export_torch
 
 
 class ConvNet(torch.nn.Module):

@@ -8,10 +8,8 @@ from ``transformers``, dynamic quantization, cosine >= 0.99 to fp32).
 
 from __future__ import annotations
 
-import io
 import json
 import logging
-import warnings
 
 import jsonschema
 import numpy as np
@@ -21,6 +19,7 @@ import pytest
 import torch
 
 import forge
+from model_factory import export_torch
 from forge_core.quantization.calibration_data import HISTOGRAM_BINS, TensorStatistics
 from forge_core.quantization.ranges import activation_range
 from forge_core.runtime import metadata as schema
@@ -29,13 +28,7 @@ BATCH = 128
 METHODS = ("average", "entropy", "minmax", "percentile")
 
 
-def _export(model: torch.nn.Module, inputs: tuple, names: list[str]) -> onnx.ModelProto:
-    buffer = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(model, inputs, buffer, input_names=names, output_names=["output"], opset_version=17,
-                          dynamo=False)
-    return onnx.load_from_string(buffer.getvalue())
+_export = export_torch
 
 
 @pytest.fixture(scope="module")
