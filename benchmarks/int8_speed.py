@@ -55,13 +55,11 @@ import sys
 import tempfile
 import time
 import traceback
-import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import torch
 from onnxruntime.quantization import (CalibrationMethod, QuantFormat, QuantType, quant_pre_process,
@@ -73,9 +71,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from models import BertEncoder, randomized  # noqa: E402
 from timing_worker import run_in_process as _worker  # noqa: E402
-from quantization_accuracy import (METHODS, MODELS, ORT_MAX_IR_VERSION, Method, Reader, export,  # noqa: E402
-                                   logits_check, ort_run, reestimate_batch_norms, smooth_images, sqnr_db,
-                                   torch_logits)
+from quantization_accuracy import (METHODS, MODELS, Method, Reader, export, logits_check, ort_run,  # noqa: E402
+                                   reestimate_batch_norms, smooth_images, sqnr_db, torch_logits)
 
 ENGINES = ("forge fp32", "forge int8", "onnxruntime fp32", "onnxruntime int8")
 TARGET_SPEEDUP = 0.6  # Forge int8 / Forge fp32
@@ -125,18 +122,6 @@ def _error() -> str:
     return text
 
 
-def _export_tokens(model: torch.nn.Module, path: Path) -> None:
-    ids = torch.zeros(1, BERT_SEQUENCE, dtype=torch.int64)
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(model, (ids,), str(path), dynamo=False, opset_version=17, input_names=["input_ids"],
-                          output_names=["hidden"])
-    proto = onnx.load(str(path))
-    if proto.ir_version > ORT_MAX_IR_VERSION:
-        proto.ir_version = ORT_MAX_IR_VERSION
-        onnx.save(proto, str(path))
-
-
 def _token_ids(count: int, seed: int) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     return [rng.integers(0, BERT_VOCAB, (1, BERT_SEQUENCE), dtype=np.int64) for _ in range(count)]
@@ -152,10 +137,11 @@ def build_case(name: str, args: argparse.Namespace, work: Path) -> Case:
             args.bn_stats == "auto" and bool(logits_check(torch_logits(model, evaluation))["degenerate"]))
         if reestimate:  # on images of their own, neither calibration nor evaluation ones
             reestimate_batch_norms(model, smooth_images(args.bn_images, args.size, seed=3))
-        export(model, args.size, path)
+        export(model, (torch.zeros(1, 3, args.size, args.size),), path, ["pixel_values"], ["logits"])
         return Case(name, path, "pixel_values", calib, evaluation, "re-estimated" if reestimate else "as built")
     if name == "bert6":
-        _export_tokens(randomized(BertEncoder(), seed=2), path)
+        export(randomized(BertEncoder(), seed=2), (torch.zeros(1, BERT_SEQUENCE, dtype=torch.int64),), path,
+               ["input_ids"], ["hidden"])
         return Case(name, path, "input_ids", _token_ids(args.samples, seed=1), _token_ids(args.eval_samples, seed=2))
     raise SystemExit(f"unknown model {name!r}")
 

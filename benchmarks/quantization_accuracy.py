@@ -163,12 +163,18 @@ def sqnr_db(reference: list[np.ndarray], quantized: list[np.ndarray]) -> float:
     return float("inf") if noise == 0 else float(10 * np.log10(np.sum(ref ** 2) / noise))
 
 
-def export(model: torch.nn.Module, size: int, path: Path) -> None:
-    x = torch.zeros(1, 3, size, size)
+def export(model: torch.nn.Module, args: tuple[torch.Tensor, ...], path: Path, input_names: list[str],
+           output_names: list[str]) -> None:
+    """``model`` run on the example ``args``, written to ``path`` as ONNX that onnxruntime loads.
+
+    torch's TorchScript exporter at opset 17 (the shapes of ``args`` fixed),
+    its warnings silenced; the IR version is lowered to ``ORT_MAX_IR_VERSION``
+    when newer. Shared with int8_speed.py.
+    """
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        torch.onnx.export(model, (x,), str(path), dynamo=False, opset_version=17, input_names=["pixel_values"],
-                          output_names=["logits"])
+        torch.onnx.export(model, args, str(path), dynamo=False, opset_version=17, input_names=input_names,
+                          output_names=output_names)
     proto = onnx.load(str(path))
     if proto.ir_version > ORT_MAX_IR_VERSION:
         proto.ir_version = ORT_MAX_IR_VERSION
@@ -259,7 +265,7 @@ def run_model(name: str, args: argparse.Namespace, work: Path) -> tuple[list[Row
         reestimate_batch_norms(model, smooth_images(args.bn_images, args.size, seed=3))
     info["bn_statistics"] = "re-estimated" if reestimate else "as built"
     model_path = work / f"{name}.onnx"
-    export(model, args.size, model_path)
+    export(model, (torch.zeros(1, 3, args.size, args.size),), model_path, ["pixel_values"], ["logits"])
     ort_input = model_path
     if not args.no_preprocess:
         ort_input = work / f"{name}_pre.onnx"

@@ -44,6 +44,15 @@ def name_of(sch: s_tir.Schedule, block: s_tir.SBlockRV) -> str:
     return str(sch.get(block).name_hint)
 
 
+def producer(sch: s_tir.Schedule, main: s_tir.SBlockRV, buffer: tirx.Buffer) -> s_tir.SBlockRV | None:
+    """The first top-level block other than ``main`` that writes ``buffer`` (a convolution's padding stage), or None."""
+    for block in blocks(sch):
+        if any(region.source.same_as(buffer) for region in sch.get(block).writes) \
+                and name_of(sch, block) != name_of(sch, main):
+            return block
+    return None
+
+
 def sole_block(func: tirx.PrimFunc, prefixes: str | tuple[str, ...],
                kinds: str) -> tuple[s_tir.Schedule, s_tir.SBlockRV] | None:
     """A schedule of a static ``func`` and its one top-level block named ``prefixes``* with iterators ``kinds``.

@@ -5,8 +5,8 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight
 
-from forge_core.schedules.blocks import extent, largest_divisor, sole_block, vector_unit
-from forge_core.schedules.epilogue import attach_epilogue, schedule_padding, split_epilogue
+from forge_core.schedules.blocks import extent, largest_divisor, producer, sole_block, vector_unit
+from forge_core.schedules.epilogue import attach_epilogue, inline_side_inputs, schedule_padding, split_epilogue
 
 # Marks a weight-repacking block; relax.transform.SplitLayoutRewritePreproc moves it out so that
 # FoldConstant runs it once, at compile time.
@@ -38,6 +38,8 @@ class Conv2dNCHW(dlight.ScheduleRule):
     Weights are repacked to ``[F/v, C, KH, KW, v]`` so that each (c, ry, rx)
     step loads one contiguous vector; input pixels are broadcast. The reduction
     runs over the whole tile, then the fused epilogue writes the tile back.
+    Elementwise stages before the convolution that feed only the epilogue (a
+    residual's dequantize) are inlined into it; the padding stage is kept.
     """
 
     def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:  # type: ignore[override]
@@ -61,6 +63,7 @@ class Conv2dNCHW(dlight.ScheduleRule):
             vec *= 2
             tile_x = largest_divisor(width, unit.accumulators // 2)
 
+        inline_side_inputs(sch, conv, producer(sch, conv, stmt.reads[0].source))
         epilogue = split_epilogue(sch, conv)
         weight_index = len(stmt.reads) - 1
         repack = sch.cache_read(conv, weight_index, "global")

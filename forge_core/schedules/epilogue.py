@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 
-from forge_core.schedules.blocks import blocks, extent, name_of
+from forge_core.schedules.blocks import blocks, extent, iter_kinds, name_of
 
 # Below this many elements a parallel region costs more than it saves.
 PARALLEL_MIN_ELEMENTS = 1 << 13
@@ -18,6 +18,22 @@ def split_epilogue(sch: s_tir.Schedule, main: s_tir.SBlockRV) -> s_tir.SBlockRV 
     for block in after[:-1]:
         sch.compute_inline(block)
     return after[-1] if after else None
+
+
+def inline_side_inputs(sch: s_tir.Schedule, main: s_tir.SBlockRV, keep: s_tir.SBlockRV | None) -> None:
+    """Inline the elementwise stages before ``main`` that only its epilogue reads (a residual's dequantize).
+
+    The epilogue is computed per tile, under ``main``'s loops; a stage at the
+    root that feeds it would not be. ``keep``, when given, stays: a stage
+    ``main`` itself reads (its padded input), which the rule places itself.
+    """
+    main_name, keep_name = name_of(sch, main), name_of(sch, keep) if keep is not None else None
+    for block in blocks(sch):  # block statements change as stages are inlined: compare names
+        name = name_of(sch, block)
+        if name == main_name:
+            return
+        if name != keep_name and set(iter_kinds(sch, block)) == {"S"}:
+            sch.compute_inline(block)
 
 
 def attach_epilogue(sch: s_tir.Schedule, main: s_tir.SBlockRV, epilogue: s_tir.SBlockRV | None) -> s_tir.SBlockRV:

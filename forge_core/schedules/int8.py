@@ -29,6 +29,7 @@ saturating ``pmaddubsw`` (see :mod:`forge_core.schedules.dot_intrinsics`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import tvm
@@ -36,9 +37,9 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight
 
 from forge_core.schedules import dot_intrinsics
-from forge_core.schedules.blocks import blocks, extent, is_static, iter_kinds, largest_divisor, name_of
+from forge_core.schedules.blocks import blocks, extent, is_static, iter_kinds, largest_divisor, name_of, producer
 from forge_core.schedules.conv2d import PREPACK
-from forge_core.schedules.epilogue import attach_epilogue, parallel_vectorized, split_epilogue
+from forge_core.schedules.epilogue import attach_epilogue, inline_side_inputs, parallel_vectorized, split_epilogue
 
 LANES = 16
 UNIT = 4
@@ -103,44 +104,41 @@ def _byte_operands(stmt: tirx.SBlock, dot: DotProduct) -> bool:
     return (str(data.dtype), str(weight.dtype), str(stmt.writes[0].source.dtype)) == (dot.data_dtype, "int8", "int32")
 
 
-def _producer(sch: s_tir.Schedule, main: s_tir.SBlockRV, buffer: tirx.Buffer) -> s_tir.SBlockRV | None:
-    for block in blocks(sch):
-        if any(region.source.same_as(buffer) for region in sch.get(block).writes) \
-                and name_of(sch, block) != name_of(sch, main):
-            return block
-    return None
+def _candidate(func: tirx.PrimFunc, target: tvm.target.Target,
+               select: Callable[[s_tir.Schedule, s_tir.SBlockRV], bool]
+               ) -> tuple[DotProduct, s_tir.Schedule, s_tir.SBlockRV, tirx.SBlock] | None:
+    """The checks both rules begin with: the target's dot product, a schedule of ``func`` and its one block.
 
-
-def inline_side_inputs(sch: s_tir.Schedule, main: s_tir.SBlockRV, keep: s_tir.SBlockRV | None) -> None:
-    """Inline the elementwise stages before ``main`` that only its epilogue reads (a residual's dequantize).
-
-    The epilogue is computed per tile, under ``main``'s loops; a stage at the
-    root that feeds it would not be.
+    None unless ``func`` is a static PrimFunc with an int8 parameter, the
+    target has a byte dot product, exactly one top-level block passes
+    ``select`` and that block multiplies the dot product's operand dtypes
+    into int32 (:func:`_byte_operands`). Else ``(dot, sch, block, stmt)``,
+    ``stmt`` the block's statement.
     """
-    main_name, keep_name = name_of(sch, main), name_of(sch, keep) if keep is not None else None
-    for block in blocks(sch):  # block statements change as stages are inlined: compare names
-        name = name_of(sch, block)
-        if name == main_name:
-            return
-        if name != keep_name and set(iter_kinds(sch, block)) == {"S"}:
-            sch.compute_inline(block)
+    dot = dot_product(target)
+    if not _takes_int8(func) or dot is None or not is_static(func):
+        return None
+    sch = s_tir.Schedule(func)
+    found = [b for b in blocks(sch) if select(sch, b)]
+    if len(found) != 1:
+        return None
+    stmt = sch.get(found[0])
+    if not _byte_operands(stmt, dot):
+        return None
+    return dot, sch, found[0], stmt
 
 
 class Int8Matmul(dlight.ScheduleRule):
     """uint8 x int8 -> int32 dense/matmul with a constant ``[K, N]`` weight, VNNI-tensorized."""
 
     def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:  # type: ignore[override]
-        dot = dot_product(target)
-        if not _takes_int8(func) or dot is None or not is_static(func):
+        # The function's only reduction: a matmul over its last iterator, all others spatial.
+        found = _candidate(func, target, lambda sch, b: "R" in iter_kinds(sch, b))
+        if found is None:
             return None
-        sch = s_tir.Schedule(func)
-        reductions = [b for b in blocks(sch) if "R" in iter_kinds(sch, b)]
-        if len(reductions) != 1 or "matmul" not in name_of(sch, reductions[0]):
-            return None
-        mm = reductions[0]
-        stmt = sch.get(mm)
+        dot, sch, mm, stmt = found
         kinds = iter_kinds(sch, mm)
-        if not (kinds.endswith("SSR") and set(kinds[:-1]) == {"S"}) or not _byte_operands(stmt, dot):
+        if "matmul" not in name_of(sch, mm) or not (kinds.endswith("SSR") and set(kinds[:-1]) == {"S"}):
             return None
         rhs = stmt.reads[1].source
         *batch, i, j, k = sch.get_loops(mm)
@@ -185,18 +183,11 @@ class Int8Conv2dNCHW(dlight.ScheduleRule):
     """uint8 x int8 -> int32 convolution, groups=1, NCHW, VNNI-tensorized (see the module doc)."""
 
     def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:  # type: ignore[override]
-        dot = dot_product(target)
-        if not _takes_int8(func) or dot is None or not is_static(func):
+        found = _candidate(func, target, lambda sch, b: name_of(sch, b).startswith("conv2d_nchw")
+                           and iter_kinds(sch, b) == "SSSSRRR")
+        if found is None:
             return None
-        sch = s_tir.Schedule(func)
-        found = [b for b in blocks(sch) if name_of(sch, b).startswith("conv2d_nchw")
-                 and iter_kinds(sch, b) == "SSSSRRR"]
-        if len(found) != 1:
-            return None
-        conv = found[0]
-        stmt = sch.get(conv)
-        if not _byte_operands(stmt, dot):
-            return None
+        dot, sch, conv, stmt = found
         weight = stmt.reads[-1].source
         n, f, y, x, rc, ry, rx = sch.get_loops(conv)
         channels_out, channels_in, width = extent(sch, f), extent(sch, rc), extent(sch, x)
@@ -210,17 +201,16 @@ class Int8Conv2dNCHW(dlight.ScheduleRule):
         tile_x = largest_divisor(width, min(14, ACCUMULATORS // vectors))
 
         data = stmt.reads[0].source
-        inline_side_inputs(sch, conv, _producer(sch, conv, data))
+        inline_side_inputs(sch, conv, producer(sch, conv, data))
         epilogue = split_epilogue(sch, conv)
         repack = sch.cache_read(conv, len(stmt.reads) - 1, "global")
         sch.transform_layout(conv, ("read", len(stmt.reads) - 1),
                              lambda o, i, h, w: (o // lanes, i // UNIT, h, w, o % lanes, i % UNIT))
         sch.annotate(repack, PREPACK, True)
         # The input, four channels of each pixel together: written so by the padding stage, or repacked.
-        producer = _producer(sch, conv, data)
-        if producer is not None:
-            packed = producer
-            sch.transform_layout(producer, ("write", 0), lambda a, c, h, w: (a, c // UNIT, h, w, c % UNIT))
+        packed = producer(sch, conv, data)
+        if packed is not None:
+            sch.transform_layout(packed, ("write", 0), lambda a, c, h, w: (a, c // UNIT, h, w, c % UNIT))
         else:
             packed = sch.cache_read(conv, 0, "global")
             sch.transform_layout(packed, ("write", 0), lambda a, c, h, w: (a, c // UNIT, h, w, c % UNIT))
