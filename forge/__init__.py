@@ -9,8 +9,15 @@ from __future__ import annotations
 from forge_core import __version__
 from forge_core.errors import (
     CompilationError,
+    CorruptKeyError,
+    CorruptLibraryError,
+    DecryptionError,
     ForgeError,
     InputError,
+    KeyIgnoredWarning,
+    KeyMismatchError,
+    MissingKeyError,
+    MissingPasswordError,
     ModelImportError,
     OperatorConversionError,
     PluginConflictError,
@@ -18,6 +25,8 @@ from forge_core.errors import (
     PluginNotInstalledError,
     TargetError,
     UnsupportedOperatorError,
+    WeakPasswordWarning,
+    WrongPasswordError,
 )
 from forge_core.graph import Graph, Node
 from forge_core.ir.module import IRModule, RelayModule
@@ -74,4 +83,13 @@ __all__ = [
     "InputError",
     "TargetError",
     "CompilationError",
+    "DecryptionError",
+    "MissingKeyError",
+    "MissingPasswordError",
+    "WrongPasswordError",
+    "CorruptKeyError",
+    "CorruptLibraryError",
+    "KeyMismatchError",
+    "WeakPasswordWarning",
+    "KeyIgnoredWarning",
 ]

@@ -103,3 +103,39 @@ class OperatorConversionError(ModelImportError):
             f"The {frontend} frontend failed to convert node {node!r} (op {op_type}): "
             f"{type(cause).__name__}: {summary}"
         )
+
+
+class DecryptionError(ForgeError):
+    """An encrypted artifact could not be opened. Each case below has its own class."""
+
+
+class MissingKeyError(DecryptionError):
+    """The library is encrypted and no key file was given."""
+
+
+class MissingPasswordError(DecryptionError):
+    """A key file was given without its password."""
+
+
+class WrongPasswordError(DecryptionError):
+    """The key file does not open with the password: a wrong password, or a corrupted key file."""
+
+
+class CorruptKeyError(DecryptionError):
+    """The key file is truncated, corrupted, or not a Forge key file."""
+
+
+class CorruptLibraryError(DecryptionError):
+    """The encrypted library is truncated, tampered with, or corrupted."""
+
+
+class KeyMismatchError(DecryptionError):
+    """The key file belongs to another artifact (its uuid or key id differs from the library's)."""
+
+
+class WeakPasswordWarning(UserWarning):
+    """An encryption password is short or uses one kind of character only."""
+
+
+class KeyIgnoredWarning(UserWarning):
+    """A key file or password was given for a library that is not encrypted."""

@@ -199,12 +199,6 @@ def test_invalid_uuid(tmp_path, conv_ir):
         conv_ir.compile(output_path=tmp_path / "a", uuid="not-a-uuid")
 
 
-def test_encrypt_password_is_not_implemented_yet(tmp_path, conv_ir):
-    with pytest.raises(NotImplementedError, match="later Forge release"):
-        conv_ir.compile(output_path=tmp_path / "a", encrypt_password="secret")
-    assert not (tmp_path / "a").exists()
-
-
 class TestOutputPath:
     def test_directory_is_created(self, tmp_path, conv_ir):
         out = tmp_path / "deep" / "er" / "artifact"

@@ -42,3 +42,22 @@ def test_the_check_finds_a_facade_import(tmp_path):
         "forge_core/bad.py:4: from forge.x import y",
         "forge_core/bad.py:5: import forge",
     ]
+
+
+_COMPILER_SIDE = ("forge_core.compiler", "forge_core.ir", "forge_core.schedules", "forge_core.quantization",
+                  "forge_core.graph", "forge_core.transforms", "forge_core.builtin", "forge_core.tuning",
+                  "forge_core.loaders", "forge_core.cli")
+
+
+def test_the_runtime_and_security_import_nothing_of_the_compiler():
+    """The light runtime (and the decryption it uses) ships without the compiler side."""
+    offending = []
+    for package in ("runtime", "security"):
+        for path in sorted((CORE / package).rglob("*.py")):
+            tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+            for node in ast.walk(tree):
+                names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                         else [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+                offending += [f"{path.relative_to(CORE.parent)}:{node.lineno}: {name}" for name in names
+                              if name.startswith(_COMPILER_SIDE)]
+    assert not offending, "\n".join(offending)

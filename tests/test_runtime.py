@@ -100,12 +100,6 @@ def test_not_a_forge_library(tmp_path):
         Runtime(fake)
 
 
-def test_encryption_arguments_are_not_implemented_yet(compiled):
-    _, out = compiled
-    with pytest.raises(NotImplementedError, match="Encrypted artifacts"):
-        Runtime(out, key_path=out / "modelKey.bin", password="pw")
-
-
 def test_two_libraries_live_in_one_process(tmp_path):
     a = forge.from_onnx(conv_bn_net(seed=1))
     b = forge.from_onnx(two_io_net(seed=2))

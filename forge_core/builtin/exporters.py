@@ -1,15 +1,20 @@
 """Built-in plugin: the artifact writers ``compile()`` uses.
 
-* ``library``: ``model_library.so``, linked for the target's machine;
+* ``library``: ``model_library.so``, linked for the target's machine; with
+  ``encrypt_password``, the encrypted library and its key file ``modelKey.bin``
+  (:mod:`forge_core.security.encrypted_library`);
 * ``ir-text``: ``model_relay.txt``, the final IR (TVM Relax script) that was built;
 * ``metadata``: ``model_metadata.json``, the embedded metadata plus the
-  library's SHA-256 (schema in :mod:`forge_core.runtime.metadata`).
+  library's SHA-256 (schema in :mod:`forge_core.runtime.metadata`); for an
+  encrypted artifact, without the entries that stay encrypted
+  (``schedules``, ``quantization``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,14 +23,34 @@ from forge_core.hookspecs import hookimpl
 from forge_core.runtime import metadata as schema
 
 
-def write_library(artifact: Artifact, directory: Path) -> list[Path]:
-    path = directory / schema.LIBRARY_FILE
+def _link(artifact: Artifact, path: Path) -> None:
     fcompile = artifact.toolchain.fcompile
     if fcompile is None:
         artifact.executable.export_library(str(path))
     else:
         artifact.executable.export_library(str(path), fcompile=fcompile)
-    return [path]
+
+
+def write_library(artifact: Artifact, directory: Path) -> list[Path]:
+    path = directory / schema.LIBRARY_FILE
+    password = artifact.options.encrypt_password
+    if password is None:
+        _link(artifact, path)
+        return [path]
+    from forge_core.security.encrypted_library import KEY_FILE, encrypt_library
+
+    # The linker writes a file; it goes to a private directory (0700) that is removed
+    # at once, never into the artifact directory.
+    with tempfile.TemporaryDirectory(prefix="forge-link-") as private:
+        plain = Path(private) / schema.LIBRARY_FILE
+        _link(artifact, plain)
+        plaintext = plain.read_bytes()
+    library, key = encrypt_library(plaintext, artifact.metadata, password)
+    path.write_bytes(library)
+    key_path = directory / KEY_FILE
+    key_path.write_bytes(key)
+    key_path.chmod(0o600)
+    return [path, key_path]
 
 
 def write_ir_text(artifact: Artifact, directory: Path) -> list[Path]:
@@ -37,6 +62,10 @@ def write_ir_text(artifact: Artifact, directory: Path) -> list[Path]:
 def write_metadata(artifact: Artifact, directory: Path) -> list[Path]:
     library = directory / schema.LIBRARY_FILE
     document = dict(artifact.metadata)
+    if artifact.options.encrypted:  # what names the model's layers stays inside the encrypted library
+        from forge_core.security.encrypted_library import PRIVATE_METADATA
+
+        document = {k: v for k, v in document.items() if k not in PRIVATE_METADATA}
     document["library"] = {"file": schema.LIBRARY_FILE, "sha256": hashlib.sha256(library.read_bytes()).hexdigest()}
     path = directory / schema.METADATA_FILE
     path.write_text(json.dumps(document, indent=2) + "\n")

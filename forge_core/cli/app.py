@@ -22,14 +22,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def model_arguments(p: argparse.ArgumentParser) -> None:
-        p.add_argument("model", help="model file (.onnx, ...)")
+    def model_arguments(p: argparse.ArgumentParser, what: str = "model file (.onnx, ...)") -> None:
+        p.add_argument("model", help=what)
         p.add_argument("--frontend", help="loader to use (default: from the file's suffix)")
         p.add_argument("--shape", action="append", metavar="NAME=D0,D1,...",
                        help="override an input's shape; -1 for a dynamic dimension (repeatable)")
 
-    info = sub.add_parser("info", help="print a model's summary and operator table")
-    model_arguments(info)
+    info = sub.add_parser("info", help="print a model's summary and operator table, or a compiled artifact's")
+    model_arguments(info, "model file (.onnx, ...), or a compiled artifact (its directory or model_library.so)")
+    info.add_argument("--key", metavar="modelKey.bin",
+                      help=f"an encrypted artifact's key file: verify it (password from ${commands.DECRYPT_PASSWORD_ENV} "
+                           "or a prompt)")
     info.add_argument("--graph", metavar="PATH",
                       help="also draw the main graph with Graphviz to PATH (.svg, .png or .pdf)")
     info.set_defaults(handler=commands.cmd_info)
@@ -103,10 +106,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="; ".join(f"{k}: {v}" for k, v in OPT_LEVELS.items()))
     quant.add_argument("--channel-layout", choices=["first", "last"], help="set_channel_layout")
     quant.add_argument("--force", action="store_true", help="force_overwrite a non-empty output directory")
+    quant.add_argument("--encrypt", action="store_true",
+                       help=f"encrypt the artifact; the password comes from ${commands.PASSWORD_ENV} or a prompt")
     quant.set_defaults(handler=commands.cmd_quantize)
 
     run = sub.add_parser("run", help="run a compiled artifact and time it")
     run.add_argument("artifact", help="artifact directory or model_library.so")
+    run.add_argument("--key", metavar="modelKey.bin",
+                     help=f"the key file of an encrypted artifact (password from ${commands.DECRYPT_PASSWORD_ENV} "
+                          "or a prompt)")
     run.add_argument("--input", action="append", metavar="X.npy", help="an input, in order (default: random)")
     run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     run.add_argument("--warmup", type=int, default=3, help="untimed runs first")

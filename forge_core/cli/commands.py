@@ -21,12 +21,81 @@ from forge_core.cli.model_files import load_model
 from forge_core.errors import ForgeError
 
 PASSWORD_ENV = "FORGE_ENCRYPT_PASSWORD"
+DECRYPT_PASSWORD_ENV = "FORGE_DECRYPT_PASSWORD"
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
+def _is_artifact(path: Path) -> bool:
+    """A compile() output directory or a library file (plain or encrypted), rather than a model."""
+    from forge_core.runtime.metadata import LIBRARY_FILE
+    from forge_core.security.encrypted_library import LIBRARY_MAGIC
+
+    if path.is_dir():
+        return (path / LIBRARY_FILE).is_file()
+    if path.suffix == ".so":
+        return True
+    with contextlib.suppress(OSError), path.open("rb") as handle:
+        head = handle.read(len(LIBRARY_MAGIC))
+        return head.startswith(b"\x7fELF") or head == LIBRARY_MAGIC
+    return False
+
+
+def _decrypt_password(args: argparse.Namespace) -> str | None:
+    """The password that opens ``--key``: from $FORGE_DECRYPT_PASSWORD, else a prompt; never an argument."""
+    if args.key is None:
+        return None
+    password = os.environ.get(DECRYPT_PASSWORD_ENV)
+    if password:
+        return password
+    if not sys.stdin.isatty():
+        raise ForgeError(f"--key needs the artifact's password: set {DECRYPT_PASSWORD_ENV}, or run in a terminal "
+                         "to be prompted")
+    return getpass.getpass(f"Password of {args.key}: ")
+
+
+def _artifact_info(args: argparse.Namespace) -> int:
+    from forge_core.runtime.metadata import library_path, read_artifact
+
+    library = library_path(args.model)
+    document, encrypted = read_artifact(library)
+    password = _decrypt_password(args) if encrypted else None
+    table = Table("", "", show_header=False, box=None)
+    table.add_row("library", str(library))
+    table.add_row("uuid", document.get("uuid", "?"))
+    table.add_row("target", (document.get("target") or {}).get("string", "?"))
+    table.add_row("device", str(document.get("device_type")))
+    table.add_row("precision", str(document.get("precision")))
+    table.add_row("opt_level", str(document.get("opt_level")))
+    table.add_row("created", f"{document.get('created')} (Forge {document.get('forge_version')}, "
+                             f"TVM {document.get('tvm_version')})")
+    table.add_row("encrypted", f"yes, key file {document.get('key_file', '?')}" if encrypted else "no")
+    for kind in ("inputs", "outputs"):
+        for spec in document.get(kind, []):
+            shape = "?" if spec.get("shape") is None else "x".join(str(d) for d in spec["shape"])
+            layout = f" {spec['layout']}" if spec.get("layout") else ""
+            table.add_row(kind[:-1], f"{spec.get('name')}: {spec.get('dtype')}[{shape}]{layout}")
+    out.print(table, markup=False)
+    if encrypted and args.key is None:
+        out.print("The details above are read from the encrypted library's header; --key verifies them.",
+                  markup=False)
+    elif args.key is not None and not encrypted:
+        out.print(f"{library} is not encrypted; --key is ignored", markup=False)
+    elif args.key is not None:
+        from forge_core.security.opening import open_encrypted
+
+        with err.status("Decrypting"):
+            open_encrypted(library.read_bytes(), library, args.key, password)
+        out.print(f"key: {args.key} opens the library; the header above is authentic", markup=False)
+    return 0
+
+
 def cmd_info(args: argparse.Namespace) -> int:
+    if _is_artifact(Path(args.model)):
+        return _artifact_info(args)
+    if args.key is not None:
+        raise ForgeError(f"--key applies to a compiled artifact; {args.model} is a model")
     with err.status(f"Loading {args.model}"):
         ir = load_model(args.model, args.frontend, args.shape)
     out.print(ir.summary())
@@ -156,6 +225,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     from forge_core.cli.calibration_files import calibration_samples
     from forge_core.compiler.staging import check_output_path
 
+    password = _password(args)
     started = time.perf_counter()
     dynamic = args.quant_type == "dynamic"
     wants_report = args.report or args.report_json is not None
@@ -200,6 +270,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             opt_level=args.opt_level,
             set_channel_layout=args.channel_layout,
             force_overwrite=args.force,
+            encrypt_password=password,
             progress=lambda step: status.update(step),
         )
     files = ", ".join(sorted(p.name for p in Path(path).iterdir()))
@@ -225,8 +296,9 @@ def _percentile_table(latencies_ms: np.ndarray) -> str:
 def cmd_run(args: argparse.Namespace) -> int:
     from forge_core.runtime import Runtime
 
+    password = _decrypt_password(args)
     with err.status(f"Loading {args.artifact}"):
-        runtime = Runtime(args.artifact)
+        runtime = Runtime(args.artifact, args.key, password)
     if args.input:
         arrays = [np.load(path, allow_pickle=False) for path in args.input]
     else:

@@ -12,6 +12,7 @@ from tvm import relax
 from forge_core.compiler.options import CompileOptions
 from forge_core.runtime import metadata as schema
 from forge_core.runtime.signature import TensorSpec
+from forge_core.security.encrypted_library import KEY_FILE
 from forge_core.targets.parsing import plain_config, target_to_string
 
 _LAYOUT_ATTRS = ("data_layout", "layout")
@@ -81,7 +82,8 @@ def build_metadata(
         "channel_layout": options.set_channel_layout,
         "opt_level": options.opt_level,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
-        "encrypted": False,
+        "encrypted": options.encrypted,
+        **({"key_file": KEY_FILE} if options.encrypted else {}),
         **({"quantization": quantization} if quantization is not None else {}),
     }
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import uuid as uuid_lib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,12 @@ class CompileOptions:
     export_metadata: bool = False
     force_overwrite: bool = False
     uuid: str = ""
+    encrypt_password: bytes | None = field(default=None, repr=False)
+    """The password as scrypt takes it (NFC, UTF-8), or None for a plain library."""
+
+    @property
+    def encrypted(self) -> bool:
+        return self.encrypt_password is not None
 
     @classmethod
     def validate(
@@ -48,11 +54,11 @@ class CompileOptions:
         encrypt_password: Any = None,
     ) -> CompileOptions:
         """Check the user's options (keyword-only) and return them; ``ValueError`` names a bad one."""
+        password = None
         if encrypt_password is not None:
-            raise NotImplementedError(
-                "encrypt_password: encrypted artifacts arrive with a later Forge release; "
-                "compile without a password for now."
-            )
+            from forge_core.security.passwords import check_password
+
+            password = check_password(encrypt_password)
         if isinstance(opt_level, bool) or not isinstance(opt_level, int) or opt_level not in OPT_LEVELS:
             raise ValueError(f"opt_level must be an integer from 0 to 4, given {opt_level!r}")
         if set_channel_layout not in (None, *CHANNEL_LAYOUTS):
@@ -81,4 +87,5 @@ class CompileOptions:
             export_metadata=export_metadata,
             force_overwrite=force_overwrite,
             uuid=uuid_text,
+            encrypt_password=password,
         )

@@ -688,8 +688,12 @@ class IRModule:
                 otherwise that raises ``ValueError``. Default is False.
             uuid: A uuid for the artifact, stored in its metadata and inside
                 the library; a random uuid4 when None.
-            encrypt_password: Encrypted artifacts arrive with a later release;
-                passing a password raises ``NotImplementedError``.
+            encrypt_password: If given, ``model_library.so`` is written
+                encrypted (AES-256-GCM) beside its key file ``modelKey.bin``
+                (the data key, wrapped under scrypt of this password); run it
+                with ``Runtime(library, key_path, password)``. An empty
+                password raises ``ValueError``; a weak one warns with
+                ``forge.WeakPasswordWarning``.
 
         Returns:
             None. The method writes ``output_path``.

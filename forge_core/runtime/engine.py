@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import os
+import warnings
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +15,9 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from forge_core.errors import ForgeError
+from forge_core.errors import CorruptLibraryError, ForgeError, KeyIgnoredWarning
 from forge_core.runtime import metadata as schema
-from forge_core.runtime.library_file import elf_machine, host_machine, load_library_bytes
+from forge_core.runtime.library_file import elf_machine, host_machine, load_library_bytes, load_library_in_memory
 from forge_core.runtime.outputs import outputs_to_numpy, to_device
 from forge_core.runtime.profiling import FunctionTime, profile_calls
 from forge_core.runtime.signature import DYNAMIC_DIM, TensorSpec, check_inputs
@@ -29,10 +32,19 @@ class Runtime:
     Args:
         library_path: The ``model_library.so`` file, or the directory that
             ``compile()`` wrote (``output_path``).
-        key_path: The key file of an encrypted artifact. Encrypted artifacts
-            arrive with a later release; passing a key raises
-            ``NotImplementedError``.
-        password: The password of an encrypted artifact (see ``key_path``).
+        key_path: The key file of an encrypted artifact (``modelKey.bin``,
+            which ``compile(encrypt_password=...)`` writes beside the
+            library). Given for a library that is not encrypted, it is
+            ignored with a :class:`~forge_core.errors.KeyIgnoredWarning`.
+        password: The password the artifact was encrypted with.
+
+    An encrypted library is decrypted in memory and loaded from an anonymous
+    memory file: the plaintext library is never written to a disk. Each way
+    it can fail raises its own :class:`~forge_core.errors.DecryptionError`:
+    ``MissingKeyError``, ``MissingPasswordError``, ``WrongPasswordError``
+    ("wrong password or corrupted key file"), ``CorruptKeyError``,
+    ``CorruptLibraryError`` (any modified or missing byte) and
+    ``KeyMismatchError`` (the key of another artifact).
 
     Inputs go positionally as numpy arrays, in the order of ``input_names``;
     ``infer`` returns a list of numpy arrays, one per output.
@@ -40,20 +52,34 @@ class Runtime:
 
     def __init__(self, library_path: str | os.PathLike[str], key_path: str | os.PathLike[str] | None = None,
                  password: str | None = None) -> None:
-        if key_path is not None or password is not None:
-            raise NotImplementedError(
-                "Encrypted artifacts (key_path, password) arrive with a later Forge release; "
-                "this runtime loads unencrypted libraries only."
-            )
-        path = Path(library_path)
-        if path.is_dir():
-            path = path / schema.LIBRARY_FILE
+        path = schema.library_path(library_path)
         if not path.is_file():
             raise FileNotFoundError(f"No compiled library at {str(path)!r}")
-        data = path.read_bytes()
+        if key_path is not None and not Path(key_path).is_file():
+            raise FileNotFoundError(f"No key file at {str(key_path)!r}")
+        file_bytes = path.read_bytes()
+        from forge_core.security.encrypted_library import is_encrypted
+
+        encrypted = is_encrypted(file_bytes)
+        if encrypted:
+            from forge_core.security.opening import open_encrypted
+
+            data = open_encrypted(file_bytes, path, key_path, password)
+        else:
+            data = file_bytes
         document = schema.read_embedded(data)
         if document is None:
+            if key_path is not None:
+                raise CorruptLibraryError(
+                    f"{str(path)!r} is neither an encrypted Forge library nor a plain one: its first bytes are "
+                    "damaged, or it is another file. Copy it again from the compile output."
+                )
             raise ForgeError(f"{str(path)!r} is not a Forge library: it carries no Forge metadata")
+        if not encrypted and (key_path is not None or password is not None):
+            given = "a key file" if key_path is not None else "a password"
+            warnings.warn(f"{str(path)!r} is not encrypted; {given} was given and is ignored",
+                          KeyIgnoredWarning, stacklevel=2)
+        embedded = copy.deepcopy(document)
         built_for, here = elf_machine(data), host_machine()
         if built_for is not None and built_for != here:
             raise ForgeError(
@@ -70,9 +96,18 @@ class Runtime:
         self.num_threads = configure_threads(int(target_cores) if target_cores else None)
         self._path = path
         self._metadata = document
-        self._metadata["library"] = {"file": str(path), "sha256": hashlib.sha256(data).hexdigest()}
+        self._metadata["library"] = {"file": str(path), "sha256": hashlib.sha256(file_bytes).hexdigest()}
         self._device = device
-        self._module = load_library_bytes(data, repr(str(path)))
+        if encrypted:
+            def is_this_library(module: tvm.runtime.Module) -> bool:
+                loaded = relax.VirtualMachine(module, device)[schema.METADATA_FUNCTION]()
+                return bool(json.loads(str(loaded)) == embedded)
+
+            self._module, descriptor = load_library_in_memory(data, repr(str(path)), is_this_library)
+            weakref.finalize(self, os.close, descriptor)
+        else:
+            self._module = load_library_bytes(data, repr(str(path)))
+        del data
         self._vm = relax.VirtualMachine(self._module, device)
         self._main = self._vm["main"]
         self._inputs = [TensorSpec.from_json(spec) for spec in document["inputs"]]

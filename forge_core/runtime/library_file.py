@@ -6,14 +6,28 @@ in the same directory) silently returns the first one. Forge therefore loads
 every library from a fresh, uniquely named private copy, removed right after
 ``dlopen`` (the mapping keeps the file alive), so two runtimes of two
 libraries, or of one path rewritten, live side by side in one process.
+
+Decrypted libraries never touch a disk: :func:`load_library_in_memory` writes
+them to an anonymous memory file (``memfd_create``), sealed against writes,
+and loads ``/proc/self/fd/N`` with TVM's shared-library loader
+(``tvm.runtime.load_module`` cannot: it resolves the path and picks a loader
+by extension). The same cache bites there: a closed descriptor's number is
+reused, and ``dlopen`` of a reused ``/proc/self/fd/N`` returns the library
+loaded earlier under that name (measured: the second model computed the
+first one's numbers). So the caller keeps the descriptor open while the
+library is in use, and every load is checked (the loaded library must be the
+one just written); on a stale hit the number is held and the load retried
+under a new one.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import platform
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import tvm
@@ -53,3 +67,52 @@ def load_library_bytes(data: bytes, name: str) -> tvm.runtime.Module:
             raise ForgeError(f"Could not load {name}: {exc}") from exc
     finally:
         shutil.rmtree(private_dir, ignore_errors=True)
+
+
+_SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+_ATTEMPTS = 8
+
+
+def _memory_file(data: bytes) -> int:
+    fd = os.memfd_create("forge-model", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def load_library_in_memory(data: bytes, name: str,
+                           is_this_library: Callable[[tvm.runtime.Module], bool]) -> tuple[tvm.runtime.Module, int]:
+    """Load a TVM library from bytes held in memory only: ``(module, descriptor)``.
+
+    Keep the descriptor open while the module is in use, and close it after.
+    ``is_this_library(module)`` tells whether ``dlopen`` returned the library
+    just written rather than one loaded earlier under the same descriptor path.
+    """
+    if not hasattr(os, "memfd_create"):
+        raise ForgeError(f"Could not load {name}: encrypted libraries load from anonymous memory files "
+                         "(memfd_create), which only Linux has")
+    load = tvm.get_global_func("ffi.Module.load_from_file.so")
+    held: list[int] = []
+    try:
+        for _ in range(_ATTEMPTS):
+            fd = _memory_file(data)
+            try:
+                module = load(f"/proc/self/fd/{fd}", "so")
+            except Exception as exc:  # noqa: BLE001 - TVM reports load failures as various errors
+                os.close(fd)
+                raise ForgeError(f"Could not load {name}: {exc}") from exc
+            if is_this_library(module):
+                return module, fd
+            del module
+            held.append(fd)  # keep the stale name's number taken while retrying
+    finally:
+        for fd in held:
+            os.close(fd)
+    raise ForgeError(f"Could not load {name}: {_ATTEMPTS} descriptor paths in a row named libraries loaded "
+                     "earlier in this process")

@@ -28,7 +28,10 @@ Schema, version 1 (``schema_version``)::
     channel_layout   "first", "last" or null (set_channel_layout)
     opt_level        0..4
     created          UTC creation time, ISO 8601
-    encrypted        false (encrypted artifacts arrive with a later release)
+    encrypted        true when compile() had an encrypt_password: the library file is then
+                     the encrypted form (forge_core.security.encrypted_library) and this
+                     document sits, readable, in its header
+    key_file         only when encrypted: the key file's name, "modelKey.bin"
     schedules        optional: {"rules": {kernel: schedule rule}, "fallbacks": [kernels]},
                      the rule that scheduled each kernel, and the kernels that
                      fell back to the generic schedule or to none (absent
@@ -44,6 +47,7 @@ Schema, version 1 (``schema_version``)::
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = 1
@@ -111,6 +115,7 @@ JSON_SCHEMA: dict[str, Any] = {
         "opt_level": {"type": "integer", "minimum": 0, "maximum": 4},
         "created": {"type": "string", "pattern": "^\\d{4}-\\d{2}-\\d{2}T\\d{2}:\\d{2}:\\d{2}Z$"},
         "encrypted": {"type": "boolean"},
+        "key_file": {"type": "string"},
         "schedules": {
             "type": "object",
             "required": ["rules", "fallbacks"],
@@ -149,3 +154,31 @@ def read_embedded(data: bytes) -> dict[str, Any] | None:
     text = data[start:start + 64_000_000].decode("ascii", errors="replace")  # per-channel scales of big models
     document, _ = json.JSONDecoder().raw_decode(text)
     return document
+
+
+def library_path(path: str | Path) -> Path:
+    """The library file of an artifact given as its directory or as the file itself."""
+    path = Path(path)
+    return path / LIBRARY_FILE if path.is_dir() else path
+
+
+def read_artifact(path: str | Path) -> tuple[dict[str, Any], bool]:
+    """``(metadata, encrypted)`` of an artifact (directory or library), without loading or decrypting it.
+
+    An encrypted library's document comes from its header, readable without
+    the password and verified only when the library is decrypted.
+    """
+    from forge_core.security.encrypted_library import is_encrypted, read_library_header
+
+    file = library_path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"No compiled library at {str(file)!r}")
+    data = file.read_bytes()
+    if is_encrypted(data):
+        return read_library_header(data, repr(str(file))).metadata, True
+    document = read_embedded(data)
+    if document is None:
+        from forge_core.errors import ForgeError
+
+        raise ForgeError(f"{str(file)!r} is not a Forge library: it carries no Forge metadata")
+    return document, False
