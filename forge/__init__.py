@@ -6,6 +6,8 @@ Importing it imports TVM, never torch or tensorflow.
 
 from __future__ import annotations
 
+from typing import Any
+
 from forge_core import __version__
 from forge_core.errors import (
     CompilationError,
@@ -44,6 +46,17 @@ from forge_core.targets.listing import (
 )
 
 
+def __getattr__(name: str) -> Any:
+    """``forge.ONNXModule`` comes from the TensorRT plugin, imported on first use."""
+    if name == "ONNXModule":
+        try:
+            from forge_tensorrt.onnx_module import ONNXModule
+        except ImportError as exc:  # the cause names the missing module
+            raise PluginNotInstalledError("module", "ONNXModule", extra="tensorrt") from exc
+        return ONNXModule
+    raise AttributeError(f"module 'forge' has no attribute {name!r}")
+
+
 def list_plugins() -> list[PluginInfo]:
     """List every loaded Forge plugin: its name, version, distribution and the hooks it implements."""
     return get_plugin_manager().list_plugins()
@@ -53,6 +66,7 @@ __all__ = [
     "__version__",
     "IRModule",
     "RelayModule",
+    "ONNXModule",
     "Graph",
     "Node",
     "list_passes",

@@ -287,10 +287,11 @@ class ForgePluginManager:
         """Every registered pass, by name."""
         return self._collect("register_passes", "pass", _make_pass)
 
-    def get_pass(self, name: str) -> PassSpec:
+    def get_pass(self, name: str, extra: str | None = None) -> PassSpec:
+        """The pass ``name``, or :class:`PluginNotInstalledError` (naming ``extra``, the extra to install)."""
         found = self.passes()
         if name not in found:
-            raise PluginNotInstalledError("pass", name, available=list(found))
+            raise PluginNotInstalledError("pass", name, extra, available=list(found))
         return found[name]
 
     def target_tags(self) -> dict[str, TargetTag]:

@@ -141,3 +141,41 @@ def export_torch(model, inputs: tuple, names: list[str]) -> onnx.ModelProto:
         torch.onnx.export(model, inputs, buffer, input_names=names, output_names=["output"], opset_version=17,
                           dynamo=False)
     return onnx.load_from_string(buffer.getvalue())
+
+
+def digits_cnn(batch: int = 128):
+    """A CNN trained on scikit-learn's digits (seconds), as ONNX at ``batch``: ``(proto, calibration, tests)``.
+
+    ``calibration``: four training batches; ``tests``: four ``(images, labels)`` batches held out.
+    """
+    import torch
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    images = (((data.images.astype(np.float32) / 16.0) - 0.3) / 0.4)[:, None]
+    order = np.random.default_rng(0).permutation(len(images))
+    images, labels = images[order], data.target[order]
+    train_x, train_y = images[:1280], labels[:1280]
+    test_x, test_y = images[1280:1280 + 4 * batch], labels[1280:1280 + 4 * batch]
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(), torch.nn.Linear(32 * 16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    x, y = torch.from_numpy(train_x), torch.from_numpy(train_y)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # beside TVM's and onnxruntime's thread pools, torch's own ran 10-40x slower here
+    try:
+        for _ in range(12):
+            for start in range(0, len(x), 128):
+                optimizer.zero_grad()
+                torch.nn.functional.cross_entropy(model(x[start:start + 128]), y[start:start + 128]).backward()
+                optimizer.step()
+    finally:
+        torch.set_num_threads(threads)
+    model.eval()
+    proto = export_torch(model, (torch.from_numpy(test_x[:batch]),), ["image"])
+    calibration = [train_x[i:i + batch] for i in range(0, 4 * batch, batch)]
+    tests = [(test_x[i:i + batch], test_y[i:i + batch]) for i in range(0, len(test_x), batch)]
+    return proto, calibration, tests

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import forge
-from model_factory import export_torch
+from model_factory import digits_cnn, export_torch
 from forge_core.quantization.calibration_data import HISTOGRAM_BINS, TensorStatistics
 from forge_core.quantization.ranges import activation_range
 from forge_core.runtime import metadata as schema
@@ -34,35 +34,7 @@ _export = export_torch
 @pytest.fixture(scope="module")
 def digits():
     """A CNN trained on scikit-learn's digits (seconds), as ONNX, with calibration and test batches."""
-    from sklearn.datasets import load_digits
-
-    data = load_digits()
-    images = ((data.images.astype(np.float32) / 16.0) - 0.3) / 0.4
-    images = images[:, None]
-    labels = data.target
-    rng = np.random.default_rng(0)
-    order = rng.permutation(len(images))
-    images, labels = images[order], labels[order]
-    train_x, train_y = images[:1280], labels[:1280]
-    test_x, test_y = images[1280:1280 + 4 * BATCH], labels[1280:1280 + 4 * BATCH]
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
-        torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-        torch.nn.Flatten(), torch.nn.Linear(32 * 16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    x, y = torch.from_numpy(train_x), torch.from_numpy(train_y)
-    for _ in range(12):
-        for start in range(0, len(x), 128):
-            optimizer.zero_grad()
-            loss = torch.nn.functional.cross_entropy(model(x[start:start + 128]), y[start:start + 128])
-            loss.backward()
-            optimizer.step()
-    model.eval()
-    proto = _export(model, (torch.from_numpy(test_x[:BATCH]),), ["image"])
-    calibration = [train_x[i:i + BATCH] for i in range(0, 4 * BATCH, BATCH)]
-    tests = [(test_x[i:i + BATCH], test_y[i:i + BATCH]) for i in range(0, len(test_x), BATCH)]
-    return proto, calibration, tests
+    return digits_cnn(128)
 
 
 def _top1(function, tests) -> float:

@@ -8,10 +8,13 @@
   convolution before it) is rewritten as the equivalent scale-and-shift
   arithmetic, so no ``nn.batch_norm`` remains either way.
 * ``inline_partitions``: inline the functions that a partitioner (e.g. for
-  TensorRT) split out of ``main`` back into it.
+  TensorRT) split out of ``main`` back into it, with the composite functions
+  bound inside them.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 import tvm
@@ -80,28 +83,50 @@ def fold_batch_norms(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:
     return relax.transform.FoldConstant()(mod)
 
 
-def _is_partition(func: tvm.ir.BaseFunc) -> bool:
+def is_partition(func: tvm.ir.BaseFunc) -> bool:
+    """A function a partitioner split out of ``main``: for an external codegen, or a composite."""
     attrs = func.attrs
     return isinstance(func, relax.Function) and attrs is not None and ("Codegen" in attrs or "Composite" in attrs)
 
 
-def inline_partitions(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:
-    partitions = {gv: func for gv, func in mod.functions.items() if _is_partition(func)}
-    if not partitions:
+def _plain(func: relax.Function) -> relax.Function:
+    for attr in ("Codegen", "Composite", "global_symbol", "Primitive"):
+        func = func.without_attr(attr)
+    return func
+
+
+def _flattened(partitions: dict[tvm.ir.GlobalVar, relax.Function]) -> dict[tvm.ir.GlobalVar, relax.Function]:
+    """Each partition with the composite functions bound inside it inlined, as a plain function."""
+    by_name = {gv.name_hint: gv for gv in partitions}
+    lifted = relax.transform.LambdaLift()(tvm.IRModule({gv: _plain(f) for gv, f in partitions.items()}))
+    composites = {gv: _plain(f) for gv, f in lifted.functions.items() if gv.name_hint not in by_name}
+    return {by_name[gv.name_hint]: f.inline_functions(composites) if composites else f
+            for gv, f in lifted.functions.items() if gv.name_hint in by_name}
+
+
+def inline_partitions_where(mod: tvm.IRModule, select: Callable[[tvm.ir.GlobalVar, relax.Function], bool]
+                            ) -> tvm.IRModule:
+    """``mod`` with the partitions ``select`` picks, and the composites inside them, inlined where they are called.
+
+    The other partitions stay as they are. Inlining leaves one alias binding
+    per inlined call; ``CanonicalizeBindings`` removes those (and any alias the
+    module had before).
+    """
+    chosen = {gv: f for gv, f in mod.functions.items() if is_partition(f) and select(gv, f)}
+    if not chosen:
         return mod
-    # A partition's body may call composite functions bound locally; drop the
-    # attributes that mark them as external so that they inline like any function.
-    plain = {
-        gv: func.without_attr("Codegen").without_attr("global_symbol").without_attr("Primitive")
-        for gv, func in partitions.items()
-    }
-    updated = tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv not in partitions}, attrs=mod.attrs)
+    flat = _flattened(chosen)
+    updated = tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv not in chosen}, attrs=mod.attrs)
     for gv, func in list(updated.functions.items()):
         if isinstance(func, relax.Function):
-            updated[gv] = func.inline_functions(plain)
+            updated[gv] = func.inline_functions(flat)
     updated = relax.transform.Normalize()(updated)
-    updated = relax.transform.DeadCodeElimination()(updated)
-    return updated
+    updated = relax.transform.CanonicalizeBindings()(updated)
+    return relax.transform.DeadCodeElimination()(updated)
+
+
+def inline_partitions(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:
+    return inline_partitions_where(mod, lambda gv, func: True)
 
 
 @hookimpl

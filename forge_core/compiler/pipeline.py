@@ -38,7 +38,12 @@ def prepare_graph(mod: tvm.IRModule, options: CompileOptions, target: tvm.target
     """Forge's graph-level transforms, ``params`` already bound: registered passes, run by name.
 
     ``target``: what the module is compiled for (the integer lowering picks its activation dtype by it).
+    Partitions for an external code generator (TensorRT) go to it first
+    (:mod:`forge_core.compiler.external`).
     """
+    from forge_core.compiler.external import run_external_codegens
+
+    mod = run_external_codegens(mod)
     names: list[str] = ["lower_quantized"]
     if options.opt_level >= 3:
         names += ["remove_dropout", "decompose_for_inference"]

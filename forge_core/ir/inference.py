@@ -52,6 +52,8 @@ def build_inference_function(mod: tvm.IRModule | Any, target: tvm.target.Target,
         )
     configure_threads()
     if isinstance(mod, tvm.IRModule):
+        from forge_core.compiler.external import run_external_codegens
+
         logger.debug("building inference function for %s", target)
-        mod = tvm.compile(mod, target=target)
+        mod = tvm.compile(run_external_codegens(mod), target=target)
     return InferenceFunction(mod, device, inputs, outputs)

@@ -46,6 +46,17 @@ def _dimension(value: tvm.ir.PrimExpr) -> int:
     return DYNAMIC_DIM
 
 
+def static_shape(expr: relax.Expr) -> list[int] | None:
+    """``expr``'s dimensions when they are all known integers, else None."""
+    shape = getattr(expr.ty, "shape", None)
+    if shape is None or not hasattr(shape, "values"):
+        return None
+    try:
+        return [int(v) for v in shape.values]
+    except TypeError:
+        return None
+
+
 def tensor_spec(name: str, ty: relax.Type) -> TensorSpec:
     """A :class:`TensorSpec` from a Relax tensor type (dynamic dims become -1)."""
     if not isinstance(ty, relax.TensorType):

@@ -16,7 +16,7 @@ from forge_core.ir import identity, introspection, weights
 from forge_core.ir.naming import OUTPUT_NAMES_ATTR
 from forge_core.passes import PassContext, run_passes
 from forge_core.quantization.calibration_data import CalibrationData
-from forge_core.runtime.signature import TensorSpec
+from forge_core.runtime.signature import SignatureSurface, TensorSpec
 
 if TYPE_CHECKING:
     from forge_core.graph import Graph, Node
@@ -62,7 +62,7 @@ def _check_params(mod: tvm.IRModule, params: Mapping[str, Any]) -> None:
         )
 
 
-class IRModule:
+class IRModule(SignatureSurface):
     """A model in TVM's intermediate representation (Relax), with its weights.
 
     Forge's IRModule wraps a TVM ``IRModule`` and the weights that are not
@@ -115,6 +115,7 @@ class IRModule:
         self._state = ModuleState()
         self._calibration: CalibrationData | None = None
         self._quantization: QuantizationInfo | None = None
+        self._partition_undo: tuple[tvm.IRModule, dict[str, weights.Tensor], str] | None = None
         self.tuning_database = tuning_database
 
     def _commit(
@@ -250,46 +251,6 @@ class IRModule:
             specs = [replace(spec, name=str(name)) for spec, name in zip(specs, names)]
         return specs
 
-    @property
-    def input_count(self) -> int:
-        """The number of inputs the model expects."""
-        return len(self.input_specs)
-
-    @property
-    def input_names(self) -> list[str]:
-        """The names of the model's inputs."""
-        return [s.name for s in self.input_specs]
-
-    @property
-    def input_shapes(self) -> list[tuple[int, ...] | None]:
-        """The shape of each input; ``-1`` marks a dynamic dimension."""
-        return [s.shape for s in self.input_specs]
-
-    @property
-    def input_dtypes(self) -> list[str]:
-        """The data type of each input."""
-        return [s.dtype for s in self.input_specs]
-
-    @property
-    def output_count(self) -> int:
-        """The number of outputs the model produces."""
-        return len(self.output_specs)
-
-    @property
-    def output_names(self) -> list[str]:
-        """The names of the model's outputs (``output_<i>`` when the source had none)."""
-        return [s.name for s in self.output_specs]
-
-    @property
-    def output_shapes(self) -> list[tuple[int, ...] | None]:
-        """The shape of each output; ``-1`` marks a dynamic dimension."""
-        return [s.shape for s in self.output_specs]
-
-    @property
-    def output_dtypes(self) -> list[str]:
-        """The data type of each output."""
-        return [s.dtype for s in self.output_specs]
-
     # ------------------------------------------------------------------
     # Graph facts
     # ------------------------------------------------------------------
@@ -373,8 +334,13 @@ class IRModule:
         """
         params = {name: weights.copy_tensor(t) for name, t in self._params.items()}
         calibration = self._calibration.copy() if self._calibration is not None else None
-        return IRModule._from_parts(weights.deep_copy_module(self._mod), params, self._state, self.tuning_database,
-                                    calibration, self._quantization)
+        duplicate = IRModule._from_parts(weights.deep_copy_module(self._mod), params, self._state,
+                                         self.tuning_database, calibration, self._quantization)
+        if self._partition_undo is not None:
+            mod, undo_params, partitioned = self._partition_undo
+            duplicate._partition_undo = (weights.deep_copy_module(mod),
+                                         {name: weights.copy_tensor(t) for name, t in undo_params.items()}, partitioned)
+        return duplicate
 
     def __copy__(self) -> IRModule:
         return self.copy()
@@ -814,17 +780,81 @@ class IRModule:
     # Deprecated Relay-era partition API
     # ------------------------------------------------------------------
 
+    def partition_for_tensorrt(
+        self,
+        remove_stacks: bool = True,
+        simplify_batch_matmul: bool = True,
+        simplify_scalar_add: bool = True,
+        remove_no_mac_subgraphs: bool = True,
+    ) -> None:
+        """DEPRECATED: use ``forge.ONNXModule`` for TensorRT optimization.
+
+        Partitions the module for TensorRT by separating TensorRT-compatible
+        subgraphs from the "main" graph, with TVM's TensorRT patterns (the
+        ``forge-tensorrt`` plugin). Afterwards ``is_tensorrt`` is True,
+        ``subgraph_count`` counts the partitions (``tensorrt_0``...), and
+        ``graphs`` shows each as its own graph. ``inline_partitions()``
+        undoes it. Operates in place.
+
+        Args:
+            remove_stacks: Rewrite ``stack`` (no TensorRT pattern) as
+                ``expand_dims`` and ``concat`` first. Defaults to True.
+            simplify_batch_matmul: Rewrite a "static" batch matmul (a constant
+                second operand with unit batch) as one 2-D matmul. Defaults
+                to True.
+            simplify_scalar_add: Give the constant of a scalar add the rank of
+                the tensor it is added to (broadcast): TensorRT's bridge
+                takes no scalar adds. Defaults to True.
+            remove_no_mac_subgraphs: Inline back any partition without a
+                multiply-accumulate operator (convolution, matmul). Defaults
+                to True.
+
+        Raises:
+            forge.PluginNotInstalledError: The ``forge-tensorrt`` plugin is
+                not installed (``pip install 'forge-core[tensorrt]'``).
+            ValueError: The module is partitioned already.
+        """
+        warnings.warn(
+            "IRModule.partition_for_tensorrt() is deprecated and will be removed; use forge.ONNXModule for "
+            "TensorRT.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        from forge_core.plugin_manager import get_plugin_manager
+
+        get_plugin_manager().get_pass("partition_for_tensorrt", extra="tensorrt")
+        if self._state.is_tensorrt:
+            raise ValueError("The module is partitioned for TensorRT already; call inline_partitions() first")
+        flags = {"remove_stacks": remove_stacks, "simplify_batch_matmul": simplify_batch_matmul,
+                 "simplify_scalar_add": simplify_scalar_add, "remove_no_mac_subgraphs": remove_no_mac_subgraphs}
+        for name, value in flags.items():
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be True or False, given {value!r}")
+        before = (self._mod, dict(self._params), self.fingerprint)
+        partitioned = run_passes(self._mod, ["partition_for_tensorrt"], PassContext(options=flags, params=self._params))
+        self._commit(mod=partitioned, state=replace(self._state, is_tensorrt=True))
+        self._partition_undo = (before[0], before[1], self.fingerprint)
+
     def inline_partitions(self) -> None:
         """DEPRECATED: use ``forge.ONNXModule`` for TensorRT optimization.
 
         Undoes any partitions and inlines them back into the "main" graph, the
-        inverse of partitioning. Operates in place.
+        inverse of ``partition_for_tensorrt()``: when the partitioned module
+        is unchanged since, the module is exactly what it was before (same
+        fingerprint, the flags' rewrites undone too). After edits in between,
+        or for partitions made elsewhere, every partition and the composite
+        functions inside it are inlined where they are called (the same
+        computation; alias bindings removed). Operates in place.
         """
         warnings.warn(
             "IRModule.inline_partitions() is deprecated and will be removed; use forge.ONNXModule for TensorRT.",
             DeprecationWarning,
             stacklevel=2,
         )
+        undo, self._partition_undo = self._partition_undo, None
+        if undo is not None and undo[2] == self.fingerprint:
+            self._commit(mod=undo[0], params=undo[1], state=replace(self._state, is_tensorrt=False))
+            return
         self._commit(mod=run_passes(self._mod, ["inline_partitions"]), state=replace(self._state, is_tensorrt=False))
 
     # ------------------------------------------------------------------

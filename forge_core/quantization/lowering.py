@@ -56,6 +56,7 @@ import tvm
 from tvm import relax
 
 from forge_core.graph.index import _handle
+from forge_core.ir.introspection import static_shape
 from forge_core.transforms.rebind import Emit, rebind
 
 logger = logging.getLogger("forge.quantization")
@@ -83,16 +84,6 @@ def _constant(expr: relax.Expr) -> np.ndarray | None:
 
 def _dtype(expr: relax.Expr) -> str:
     return str(expr.ty.dtype)
-
-
-def _shape(expr: relax.Expr) -> list[int] | None:
-    shape = getattr(expr.ty, "shape", None)
-    if shape is None or not hasattr(shape, "values"):
-        return None
-    try:
-        return [int(v) for v in shape.values]
-    except TypeError:
-        return None
 
 
 class _Lowering:
@@ -160,7 +151,7 @@ class _Lowering:
                 self.activations[_handle(var)] = _Activation(args[0], scale, zero_point)
             return relax.op.dequantize(args[0], scale, zero_point, axis=int(call.attrs.axis), out_dtype="float32")
         if var is not None and _op_name(self.bound(source)) == "relax.quantize" and _dtype(args[0]) == self.data_dtype \
-                and _shape(args[1]) == [] and _shape(args[2]) == []:
+                and static_shape(args[1]) == [] and static_shape(args[2]) == []:
             self.activations[_handle(var)] = _Activation(args[0], args[1], args[2])
         return None
 
@@ -207,7 +198,7 @@ class _Lowering:
                 or str(attrs.kernel_layout) != "OIHW" or str(attrs.out_layout) != "NCHW":
             return None
         values, weight_scale, axis = weight
-        if axis not in (None, 0) or _shape(args[0]) is None:
+        if axis not in (None, 0) or static_shape(args[0]) is None:
             return None
         if int(attrs.groups) != 1:
             return None  # see the module doc: grouped and depthwise convolutions stay float

@@ -20,13 +20,13 @@ from forge_core.runtime import metadata as schema
 from forge_core.runtime.library_file import elf_machine, host_machine, load_library_bytes, load_library_in_memory
 from forge_core.runtime.outputs import outputs_to_numpy, to_device
 from forge_core.runtime.profiling import FunctionTime, profile_calls
-from forge_core.runtime.signature import DYNAMIC_DIM, TensorSpec, check_inputs
+from forge_core.runtime.signature import DYNAMIC_DIM, SignatureSurface, TensorSpec, check_inputs
 from forge_core.threads import configure_threads
 
 _DEVICES = {"cpu": tvm.cpu, "cuda": tvm.cuda}
 
 
-class Runtime:
+class Runtime(SignatureSurface):
     """Load a library that ``IRModule.compile()`` produced, and run it.
 
     Args:
@@ -174,30 +174,14 @@ class Runtime:
         return str(self._metadata.get("device_type", "cpu"))
 
     @property
-    def input_names(self) -> list[str]:
-        return [s.name for s in self._inputs]
+    def input_specs(self) -> list[TensorSpec]:
+        """Name, shape and dtype of each input, as the metadata records them."""
+        return list(self._inputs)
 
     @property
-    def input_shapes(self) -> list[tuple[int, ...] | None]:
-        """Input shapes; ``-1`` marks a dynamic dimension."""
-        return [s.shape for s in self._inputs]
-
-    @property
-    def input_dtypes(self) -> list[str]:
-        return [s.dtype for s in self._inputs]
-
-    @property
-    def output_names(self) -> list[str]:
-        return [s.name for s in self._outputs]
-
-    @property
-    def output_shapes(self) -> list[tuple[int, ...] | None]:
-        """Output shapes; ``-1`` marks a dynamic dimension."""
-        return [s.shape for s in self._outputs]
-
-    @property
-    def output_dtypes(self) -> list[str]:
-        return [s.dtype for s in self._outputs]
+    def output_specs(self) -> list[TensorSpec]:
+        """Name, shape and dtype of each output, as the metadata records them."""
+        return list(self._outputs)
 
     def __repr__(self) -> str:
         ins = ", ".join(s.describe() for s in self._inputs)

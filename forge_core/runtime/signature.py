@@ -23,6 +23,63 @@ DYNAMIC_DIM = -1
 """How a dynamic (unknown until run time) dimension appears in shapes."""
 
 
+class SignatureSurface:
+    """The input and output properties shared by ``IRModule``, ``Runtime`` and ``ONNXModule``.
+
+    A class provides ``input_specs`` and ``output_specs`` (lists of
+    :class:`TensorSpec`); this mixin derives the eight properties of the docs
+    from them.
+    """
+
+    @property
+    def input_specs(self) -> list[TensorSpec]:
+        raise NotImplementedError
+
+    @property
+    def output_specs(self) -> list[TensorSpec]:
+        raise NotImplementedError
+
+    @property
+    def input_count(self) -> int:
+        """The number of inputs the model expects."""
+        return len(self.input_specs)
+
+    @property
+    def input_names(self) -> list[str]:
+        """The names of the model's inputs."""
+        return [s.name for s in self.input_specs]
+
+    @property
+    def input_shapes(self) -> list[tuple[int, ...] | None]:
+        """The shape of each input; ``-1`` marks a dynamic dimension."""
+        return [s.shape for s in self.input_specs]
+
+    @property
+    def input_dtypes(self) -> list[str]:
+        """The data type of each input."""
+        return [s.dtype for s in self.input_specs]
+
+    @property
+    def output_count(self) -> int:
+        """The number of outputs the model produces."""
+        return len(self.output_specs)
+
+    @property
+    def output_names(self) -> list[str]:
+        """The names of the model's outputs (``output_<i>`` when the source had none)."""
+        return [s.name for s in self.output_specs]
+
+    @property
+    def output_shapes(self) -> list[tuple[int, ...] | None]:
+        """The shape of each output; ``-1`` marks a dynamic dimension."""
+        return [s.shape for s in self.output_specs]
+
+    @property
+    def output_dtypes(self) -> list[str]:
+        """The data type of each output."""
+        return [s.dtype for s in self.output_specs]
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """The name, shape and dtype of one model input or output."""
