@@ -10,6 +10,7 @@ from typing import Any
 
 from forge_core import __version__
 from forge_core.errors import (
+    ArtifactCorruptedError,
     CompilationError,
     CorruptKeyError,
     CorruptLibraryError,
@@ -97,6 +98,7 @@ __all__ = [
     "InputError",
     "TargetError",
     "CompilationError",
+    "ArtifactCorruptedError",
     "DecryptionError",
     "MissingKeyError",
     "MissingPasswordError",

@@ -105,6 +105,10 @@ class OperatorConversionError(ModelImportError):
         )
 
 
+class ArtifactCorruptedError(ForgeError):
+    """A compiled library is truncated, modified or spliced: its bytes differ from what compile() wrote."""
+
+
 class DecryptionError(ForgeError):
     """An encrypted artifact could not be opened. Each case below has its own class."""
 
@@ -125,8 +129,8 @@ class CorruptKeyError(DecryptionError):
     """The key file is truncated, corrupted, or not a Forge key file."""
 
 
-class CorruptLibraryError(DecryptionError):
-    """The encrypted library is truncated, tampered with, or corrupted."""
+class CorruptLibraryError(DecryptionError, ArtifactCorruptedError):
+    """The encrypted library is truncated, tampered with, or corrupted (AES-GCM's tags say so)."""
 
 
 class KeyMismatchError(DecryptionError):

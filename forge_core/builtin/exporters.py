@@ -1,6 +1,7 @@
 """Built-in plugin: the artifact writers ``compile()`` uses.
 
-* ``library``: ``model_library.so``, linked for the target's machine; with
+* ``library``: ``model_library.so``, linked for the target's machine and
+  sealed with a checksum trailer (:func:`forge_core.runtime.library_file.seal`); with
   ``encrypt_password``, the encrypted library and its key file ``modelKey.bin``
   (:mod:`forge_core.security.encrypted_library`);
 * ``ir-text``: ``model_relay.txt``, the final IR (TVM Relax script) that was built;
@@ -21,6 +22,7 @@ from pathlib import Path
 from forge_core.compiler.artifact import Artifact
 from forge_core.hookspecs import hookimpl
 from forge_core.runtime import metadata as schema
+from forge_core.runtime.library_file import seal
 
 
 def _link(artifact: Artifact, path: Path) -> None:
@@ -36,6 +38,7 @@ def write_library(artifact: Artifact, directory: Path) -> list[Path]:
     password = artifact.options.encrypt_password
     if password is None:
         _link(artifact, path)
+        path.write_bytes(seal(path.read_bytes()))
         return [path]
     from forge_core.security.encrypted_library import KEY_FILE, encrypt_library
 
@@ -44,7 +47,7 @@ def write_library(artifact: Artifact, directory: Path) -> list[Path]:
     with tempfile.TemporaryDirectory(prefix="forge-link-") as private:
         plain = Path(private) / schema.LIBRARY_FILE
         _link(artifact, plain)
-        plaintext = plain.read_bytes()
+        plaintext = seal(plain.read_bytes())  # the same checksum as a plain library, inside the encryption
     library, key = encrypt_library(plaintext, artifact.metadata, password)
     path.write_bytes(library)
     key_path = directory / KEY_FILE

@@ -15,15 +15,47 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from forge_core.errors import CorruptLibraryError, ForgeError, KeyIgnoredWarning
+from forge_core.errors import ArtifactCorruptedError, CorruptLibraryError, ForgeError, KeyIgnoredWarning
 from forge_core.runtime import metadata as schema
-from forge_core.runtime.library_file import elf_machine, host_machine, load_library_bytes, load_library_in_memory
+from forge_core.runtime.library_file import (
+    elf_machine,
+    host_machine,
+    load_library_bytes,
+    load_library_in_memory,
+    verify,
+)
 from forge_core.runtime.outputs import outputs_to_numpy, to_device
 from forge_core.runtime.profiling import FunctionTime, profile_calls
 from forge_core.runtime.signature import DYNAMIC_DIM, SignatureSurface, TensorSpec, check_inputs
 from forge_core.threads import configure_threads
 
 _DEVICES = {"cpu": tvm.cpu, "cuda": tvm.cuda}
+
+
+def _cross_check_metadata_file(library: Path, data: bytes, document: dict[str, Any]) -> None:
+    """``model_metadata.json`` beside the library, when present, must describe this very library."""
+    side = library.parent / schema.METADATA_FILE
+    if not side.is_file():
+        return
+    try:
+        recorded = json.loads(side.read_text(encoding="utf-8"))
+        entry = recorded.get("library") or {}
+    except (ValueError, AttributeError, UnicodeDecodeError):
+        raise ArtifactCorruptedError(f"{str(side)!r} beside {str(library)!r} is not a valid metadata JSON "
+                                     "document; copy the artifact again, or delete that file") from None
+    if entry.get("file") != library.name:
+        return  # it describes another file of the directory
+    sha256 = hashlib.sha256(data).hexdigest()
+    if entry.get("sha256") != sha256:
+        raise ArtifactCorruptedError(
+            f"{str(library)!r} is not the library {str(side)!r} describes: its SHA-256 is {sha256}, the "
+            f"metadata records {entry.get('sha256')}. Copy the artifact directory again as a whole."
+        )
+    if recorded.get("uuid") != document.get("uuid"):
+        raise ArtifactCorruptedError(
+            f"{str(side)!r} names uuid {recorded.get('uuid')}, the library {str(library)!r} carries "
+            f"{document.get('uuid')}: the two come from different compiles."
+        )
 
 
 class Runtime(SignatureSurface):
@@ -60,21 +92,33 @@ class Runtime(SignatureSurface):
         file_bytes = path.read_bytes()
         from forge_core.security.encrypted_library import is_encrypted
 
+        name = repr(str(path))
         encrypted = is_encrypted(file_bytes)
         if encrypted:
             from forge_core.security.opening import open_encrypted
 
             data = open_encrypted(file_bytes, path, key_path, password)
+            verify(data, name)  # the same checksum as a plain library, checked the same way
         else:
             data = file_bytes
+            try:
+                verify(data, name)
+            except ArtifactCorruptedError:
+                if key_path is not None:
+                    raise CorruptLibraryError(
+                        f"{name} is neither an encrypted Forge library nor a plain one: its first bytes are "
+                        "damaged, or it is another file. Copy it again from the compile output."
+                    ) from None
+                if not schema.has_embedded(data):
+                    raise ArtifactCorruptedError(
+                        f"{name} is not a Forge library, or a truncated one: it carries neither Forge metadata nor "
+                        "a Forge checksum"
+                    ) from None
+                raise
         document = schema.read_embedded(data)
         if document is None:
-            if key_path is not None:
-                raise CorruptLibraryError(
-                    f"{str(path)!r} is neither an encrypted Forge library nor a plain one: its first bytes are "
-                    "damaged, or it is another file. Copy it again from the compile output."
-                )
-            raise ForgeError(f"{str(path)!r} is not a Forge library: it carries no Forge metadata")
+            raise ForgeError(f"{name} is not a Forge library: it carries no Forge metadata")
+        _cross_check_metadata_file(path, file_bytes, document)
         if not encrypted and (key_path is not None or password is not None):
             given = "a key file" if key_path is not None else "a password"
             warnings.warn(f"{str(path)!r} is not encrypted; {given} was given and is ignored",
@@ -96,7 +140,7 @@ class Runtime(SignatureSurface):
         self.num_threads = configure_threads(int(target_cores) if target_cores else None)
         self._path = path
         self._metadata = document
-        self._metadata["library"] = {"file": str(path), "sha256": hashlib.sha256(file_bytes).hexdigest()}
+        self._metadata["library"] = {"file": str(path), "sha256": None}  # filled by get_metadata()
         self._device = device
         if encrypted:
             def is_this_library(module: tvm.runtime.Module) -> bool:
@@ -160,7 +204,13 @@ class Runtime(SignatureSurface):
     # -- what the library is ----------------------------------------------------
 
     def get_metadata(self) -> dict[str, Any]:
-        """The artifact's metadata (see ``forge_core.runtime.metadata``), with the library's SHA-256."""
+        """The artifact's metadata (see ``forge_core.runtime.metadata``), with the library file's SHA-256.
+
+        The SHA-256 is of the file at ``library.file``, read on the first call.
+        """
+        library = self._metadata["library"]
+        if library["sha256"] is None:  # on demand (loading checks the library's own checksum, a cheaper one)
+            library["sha256"] = hashlib.sha256(Path(library["file"]).read_bytes()).hexdigest()
         return copy.deepcopy(self._metadata)
 
     @property

@@ -146,6 +146,11 @@ def dumps(metadata: dict[str, Any]) -> str:
     return json.dumps(ordered, ensure_ascii=True, sort_keys=False)
 
 
+def has_embedded(data: bytes) -> bool:
+    """Whether ``data`` holds a Forge metadata document at all."""
+    return data.find(_ANCHOR) >= 0
+
+
 def read_embedded(data: bytes) -> dict[str, Any] | None:
     """The metadata document embedded in a library's bytes, or None when there is none."""
     start = data.find(_ANCHOR)
@@ -176,9 +181,19 @@ def read_artifact(path: str | Path) -> tuple[dict[str, Any], bool]:
     data = file.read_bytes()
     if is_encrypted(data):
         return read_library_header(data, repr(str(file))).metadata, True
+    from forge_core.errors import ArtifactCorruptedError, ForgeError
+    from forge_core.runtime.library_file import verify
+
+    try:
+        verify(data, repr(str(file)))
+    except ArtifactCorruptedError:
+        if not has_embedded(data):
+            raise ArtifactCorruptedError(
+                f"{str(file)!r} is not a Forge library, or a truncated one: it carries neither Forge metadata nor "
+                "a Forge checksum"
+            ) from None
+        raise
     document = read_embedded(data)
     if document is None:
-        from forge_core.errors import ForgeError
-
         raise ForgeError(f"{str(file)!r} is not a Forge library: it carries no Forge metadata")
     return document, False
