@@ -830,10 +830,10 @@ class IRModule(SignatureSurface):
         for name, value in flags.items():
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be True or False, given {value!r}")
-        before = (self._mod, dict(self._params), self.fingerprint)
+        before, before_params = self._mod, dict(self._params)
         partitioned = run_passes(self._mod, ["partition_for_tensorrt"], PassContext(options=flags, params=self._params))
         self._commit(mod=partitioned, state=replace(self._state, is_tensorrt=True))
-        self._partition_undo = (before[0], before[1], self.fingerprint)
+        self._partition_undo = (before, before_params, self.fingerprint)
 
     def inline_partitions(self) -> None:
         """DEPRECATED: use ``forge.ONNXModule`` for TensorRT optimization.

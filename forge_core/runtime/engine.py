@@ -22,7 +22,6 @@ from forge_core.runtime.library_file import (
     host_machine,
     load_library_bytes,
     load_library_in_memory,
-    verify,
 )
 from forge_core.runtime.outputs import outputs_to_numpy, to_device
 from forge_core.runtime.profiling import FunctionTime, profile_calls
@@ -94,30 +93,20 @@ class Runtime(SignatureSurface):
 
         name = repr(str(path))
         encrypted = is_encrypted(file_bytes)
+        data = file_bytes
         if encrypted:
             from forge_core.security.opening import open_encrypted
 
             data = open_encrypted(file_bytes, path, key_path, password)
-            verify(data, name)  # the same checksum as a plain library, checked the same way
-        else:
-            data = file_bytes
-            try:
-                verify(data, name)
-            except ArtifactCorruptedError:
-                if key_path is not None:
-                    raise CorruptLibraryError(
-                        f"{name} is neither an encrypted Forge library nor a plain one: its first bytes are "
-                        "damaged, or it is another file. Copy it again from the compile output."
-                    ) from None
-                if not schema.has_embedded(data):
-                    raise ArtifactCorruptedError(
-                        f"{name} is not a Forge library, or a truncated one: it carries neither Forge metadata nor "
-                        "a Forge checksum"
-                    ) from None
-                raise
-        document = schema.read_embedded(data)
-        if document is None:
-            raise ForgeError(f"{name} is not a Forge library: it carries no Forge metadata")
+        try:
+            document = schema.library_document(data, name)  # the same checksum, encrypted or not
+        except ArtifactCorruptedError:
+            if key_path is not None and not encrypted:
+                raise CorruptLibraryError(
+                    f"{name} is neither an encrypted Forge library nor a plain one: its first bytes are "
+                    "damaged, or it is another file. Copy it again from the compile output."
+                ) from None
+            raise
         _cross_check_metadata_file(path, file_bytes, document)
         if not encrypted and (key_path is not None or password is not None):
             given = "a key file" if key_path is not None else "a password"

@@ -161,6 +161,31 @@ def read_embedded(data: bytes) -> dict[str, Any] | None:
     return document
 
 
+def library_document(data: bytes, name: str) -> dict[str, Any]:
+    """The metadata of a plain (or decrypted) library, once its checksum is verified.
+
+    ``ArtifactCorruptedError`` for a damaged library, or for a file that is no
+    Forge library at all (neither metadata nor checksum: a truncated one looks
+    the same).
+    """
+    from forge_core.errors import ArtifactCorruptedError, ForgeError
+    from forge_core.runtime.library_file import verify
+
+    try:
+        verify(data, name)
+    except ArtifactCorruptedError:
+        if not has_embedded(data):
+            raise ArtifactCorruptedError(
+                f"{name} is not a Forge library, or a truncated one: it carries neither Forge metadata nor "
+                "a Forge checksum"
+            ) from None
+        raise
+    document = read_embedded(data)
+    if document is None:
+        raise ForgeError(f"{name} is not a Forge library: it carries no Forge metadata")
+    return document
+
+
 def library_path(path: str | Path) -> Path:
     """The library file of an artifact given as its directory or as the file itself."""
     path = Path(path)
@@ -181,19 +206,5 @@ def read_artifact(path: str | Path) -> tuple[dict[str, Any], bool]:
     data = file.read_bytes()
     if is_encrypted(data):
         return read_library_header(data, repr(str(file))).metadata, True
-    from forge_core.errors import ArtifactCorruptedError, ForgeError
-    from forge_core.runtime.library_file import verify
-
-    try:
-        verify(data, repr(str(file)))
-    except ArtifactCorruptedError:
-        if not has_embedded(data):
-            raise ArtifactCorruptedError(
-                f"{str(file)!r} is not a Forge library, or a truncated one: it carries neither Forge metadata nor "
-                "a Forge checksum"
-            ) from None
-        raise
-    document = read_embedded(data)
-    if document is None:
-        raise ForgeError(f"{str(file)!r} is not a Forge library: it carries no Forge metadata")
+    document = library_document(data, repr(str(file)))
     return document, False

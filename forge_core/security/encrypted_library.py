@@ -51,7 +51,6 @@ from __future__ import annotations
 import json
 import os
 import uuid as uuid_lib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -221,26 +220,23 @@ def read_library_header(data: bytes, source: str = "library") -> LibraryHeader:
     return parsed
 
 
-def decrypt_chunks(data: bytes, header: LibraryHeader, data_key: bytes, source: str = "library") -> Iterator[bytes]:
-    """The plaintext library, chunk by chunk; :class:`CorruptLibraryError` at the first chunk that fails."""
+def decrypt_library(data: bytes, header: LibraryHeader, data_key: bytes, source: str = "library") -> bytes:
+    """The plaintext library; :class:`CorruptLibraryError` at the first chunk that fails authentication."""
     aead = AESGCM(data_key)
     offset = len(header.prefix)
+    plaintext = []
     for index in range(header.chunks):
         plain_size = min(header.chunk_size, header.size - index * header.chunk_size)
         sealed = data[offset:offset + plain_size + _TAG]
         offset += plain_size + _TAG
         try:
-            yield aead.decrypt(index.to_bytes(_NONCE, "big"), sealed, header.prefix)
+            plaintext.append(aead.decrypt(index.to_bytes(_NONCE, "big"), sealed, header.prefix))
         except InvalidTag:
             raise CorruptLibraryError(
                 f"The encrypted library {source} was tampered with or corrupted: chunk {index + 1} of "
                 f"{header.chunks} fails authentication. Copy it again from the compile output."
             ) from None
-
-
-def decrypt_library(data: bytes, header: LibraryHeader, data_key: bytes, source: str = "library") -> bytes:
-    """The whole plaintext library (see :func:`decrypt_chunks`)."""
-    return b"".join(decrypt_chunks(data, header, data_key, source))
+    return b"".join(plaintext)
 
 
 def read_key_file(data: bytes, source: str = "key file") -> KeyFile:

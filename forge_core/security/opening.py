@@ -46,7 +46,7 @@ def open_encrypted(data: bytes, path: Path, key_path: str | os.PathLike[str] | N
             f"The key file {str(key_path)!r} needs its password, and none was given: pass password=, or set "
             "FORGE_DECRYPT_PASSWORD (or answer the prompt) on the command line."
         )
-    secret = check_password(password, "password")
+    secret = check_password(password, "password", warn_weak=False)
     key_source = repr(str(key_path))
     key = read_key_file(Path(key_path).read_bytes(), key_source)
     if key.uuid != header.uuid:

@@ -28,14 +28,17 @@ def _kinds(password: str) -> int:
     return len(kinds)
 
 
-def check_password(password: object, what: str = "encrypt_password") -> bytes:
-    """The password as scrypt takes it; ``ValueError`` when empty or not a string, a warning when weak."""
+def check_password(password: object, what: str = "encrypt_password", warn_weak: bool = True) -> bytes:
+    """The password as scrypt takes it; ``ValueError`` when empty or not a string, a warning when weak.
+
+    ``warn_weak=False`` when opening: the password is whatever encrypted the artifact.
+    """
     if not isinstance(password, str):
         raise ValueError(f"{what} must be a string, given {type(password).__name__}")
     if password == "":
         raise ValueError(f"{what} is empty; an encrypted artifact needs a password")
     normalized = unicodedata.normalize("NFC", password)
-    if what == "encrypt_password":
+    if warn_weak:
         problems = []
         if len(normalized) < MIN_LENGTH:
             problems.append(f"{len(normalized)} characters, fewer than {MIN_LENGTH}")
