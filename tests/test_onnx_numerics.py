@@ -168,3 +168,44 @@ def test_softplus_family_in_each_fusion_context_matches_onnxruntime(op, context,
         ir.compile(output_path=str(out), opt_level=opt_level)
         got = forge.Runtime(str(out)).infer(x)[0]
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5, err_msg=f"opt_level {opt_level}")
+
+
+@pytest.mark.parametrize("epilogue", ["none", "bias", "bias-relu", "bias-residual", "bias-residual-relu"])
+def test_float_conv_with_a_dequantized_residual_matches_onnxruntime(epilogue, tmp_path):
+    """Conv2dNCHW inlines the elementwise stages before the convolution that feed only its epilogue (a
+    residual read through DequantizeLinear): each epilogue, odd sizes (5 channels, 7x9), every opt_level."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(11)
+    shape = [1, 5, 7, 9]
+    inits = [numpy_helper.from_array((rng.standard_normal((5, 5, 3, 3)) * 0.3).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal(5).astype(np.float32), "b"),
+             numpy_helper.from_array(np.array(0.05, np.float32), "s"),
+             numpy_helper.from_array(np.array(3, np.int8), "z")]
+    nodes = [helper.make_node("QuantizeLinear", ["r", "s", "z"], ["rq"]),
+             helper.make_node("DequantizeLinear", ["rq", "s", "z"], ["rd"]),
+             helper.make_node("Conv", ["x", "w", "b"] if epilogue != "none" else ["x", "w"], ["c"],
+                              pads=[1, 1, 1, 1])]
+    result = "c"
+    if "residual" in epilogue:
+        nodes.append(helper.make_node("Add", ["c", "rd"], ["a"]))
+        result = "a"
+    if epilogue.endswith("relu"):
+        nodes.append(helper.make_node("Relu", [result], ["y"]))
+        result = "y"
+    if result == "c":  # the dequantized input must still reach an output
+        nodes.append(helper.make_node("Add", ["c", "rd"], ["a"]))
+        result = "a"
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in ("x", "r")]
+    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info(result, TensorProto.FLOAT, shape)],
+                              inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    feeds = {"x": rng.standard_normal(shape).astype(np.float32), "r": rng.standard_normal(shape).astype(np.float32)}
+    expected = ort_run(model, feeds)[0]
+    ir = forge.from_onnx(model)
+    for opt_level in range(5):
+        out = tmp_path / f"o{opt_level}"
+        ir.compile(output_path=str(out), opt_level=opt_level)
+        got = forge.Runtime(str(out)).infer(feeds["x"], feeds["r"])[0]
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4, err_msg=f"opt_level {opt_level}")
