@@ -54,6 +54,12 @@ class ModelImportError(ForgeError, ValueError):
     """A model could not be turned into an IRModule."""
 
 
+class InvalidModelError(ModelImportError):
+    """The model breaks its format's rules: a corrupt or truncated file, a value read before it is produced,
+    a tensor whose data does not fill its dims, an unknown opset or element type, an attribute of the wrong
+    type... The message names the node, value, field or file at fault."""
+
+
 class UnsupportedOperatorError(ModelImportError):
     """A model holds operators that the frontend cannot convert.
 
@@ -103,6 +109,36 @@ class OperatorConversionError(ModelImportError):
             f"The {frontend} frontend failed to convert node {node!r} (op {op_type}): "
             f"{type(cause).__name__}: {summary}"
         )
+
+
+class FileAccessError(ForgeError, OSError):
+    """A file or directory Forge reads or writes could not be: missing, not writable, disk full...
+
+    An :class:`OSError` too, with the operating system's ``errno`` and
+    ``strerror``; ``filename`` is the path the caller named (the final path of
+    an output, never a temporary file beside it). Its message is one line:
+    ``cannot write '/out/model_library.so': No space left on device``.
+    """
+
+    def __init__(self, errno: int | None, strerror: str, filename: str, verb: str = "write"):
+        super().__init__(errno, strerror, filename)
+        self.verb = verb
+
+    def __str__(self) -> str:
+        return f"cannot {self.verb} {str(self.filename)!r}: {self.strerror}"
+
+    def __reduce__(self):  # keep verb and message through pickling (multiprocessing, copy)
+        return (type(self), (self.errno, self.strerror, self.filename, self.verb))
+
+    @classmethod
+    def from_os_error(cls, exc: OSError, filename: object, verb: str = "write") -> FileAccessError:
+        """``exc`` (errno and its text kept) restated for ``filename``, the path the user knows."""
+        if isinstance(exc, FileAccessError):
+            return exc
+        import os
+
+        strerror = exc.strerror or (os.strerror(exc.errno) if exc.errno else None) or str(exc) or type(exc).__name__
+        return cls(exc.errno, strerror, str(filename), verb)
 
 
 class ArtifactCorruptedError(ForgeError):

@@ -72,8 +72,13 @@ def from_onnx(model: Any, *args: Any, **kwargs: Any) -> IRModule:
     Raises:
         forge.UnsupportedOperatorError: Listing every operator type the model
             uses that the importer lacks, with its count and one node name.
-        forge.ModelImportError: The file is not a valid ONNX model, or a node
-            failed to convert (the error names the node and its op).
+        forge.InvalidModelError: The file or model breaks ONNX's rules: it
+            does not parse, a value is read before it is produced or defined
+            twice, a tensor's data does not fill its dims, an attribute or
+            opset is unknown or of the wrong type... (the error names the
+            node, value or field). A ``ModelImportError``.
+        forge.ModelImportError: A node failed to convert (the error names the
+            node and its op).
         forge.PluginNotInstalledError: The ``forge-onnx`` plugin is not
             installed: ``pip install 'forge-core[onnx]'``.
     """
@@ -234,8 +239,15 @@ def from_tflite(*args: Any, **kwargs: Any) -> IRModule:
 
     An int8 or uint8 full-integer quantized model imports as quantize and
     dequantize around the float operators, matches the TFLite interpreter bit
-    for bit, and loads with ``is_quantized`` True. Input and output names are
-    the flatbuffer's tensor names.
+    for bit (with its default XNNPACK delegate; TFLite's builtin int8 kernels
+    round some values one step apart), and loads with ``is_quantized`` True.
+    Input and output names are the flatbuffer's tensor names.
+
+    The flatbuffer is checked before anything reads it (offsets, vectors,
+    indices, tensor types, constant sizes, operator inputs and types): a
+    corrupt file raises :class:`forge.InvalidModelError` naming the tensor,
+    operator or field. An index that a GATHER or EMBEDDING_LOOKUP computes at
+    run time out of range is clamped to the nearest valid one (TFLite raises).
 
     Args:
         model: The ``.tflite`` flatbuffer's bytes, a path to it, or a parsed
@@ -245,7 +257,9 @@ def from_tflite(*args: Any, **kwargs: Any) -> IRModule:
             importer cannot keep it, the model is converted with tf2onnx and
             loaded with the ``onnx`` frontend, logging one warning on
             ``forge.tf``.
-        dtype_dict: Input types of the model, by input tensor name.
+        dtype_dict: Input types of the model, by input tensor name. A
+            TFLite model's types are fixed: a type other than the model's
+            raises :class:`forge.ModelImportError`.
         fallback_to_onnx: Keyword-only; False disables the tf2onnx route.
         onnx_opset: Keyword-only; the opset of the tf2onnx route. Defaults to 17.
         fold_constants: Keyword-only; passed to :class:`forge.IRModule`.
@@ -259,8 +273,11 @@ def from_tflite(*args: Any, **kwargs: Any) -> IRModule:
             importer lacks (custom and Flex ops, dynamic-range quantized ops
             included), with its count and one output tensor name, checked
             before conversion.
-        forge.ModelImportError: The data is not a TFLite flatbuffer, or an
-            operator fails to convert (the error names it).
+        forge.InvalidModelError: The data is not a valid TFLite flatbuffer
+            (the error names the subgraph, tensor, operator or field). A
+            ``ModelImportError``.
+        forge.ModelImportError: An operator fails to convert (the error names
+            it), or an option does not fit the model.
         forge.PluginNotInstalledError: The ``forge-tf`` plugin is not
             installed: ``pip install 'forge-core[tf]'``.
     """

@@ -22,3 +22,20 @@ def fresh_plugins(monkeypatch):
     reset_plugin_manager()
     yield
     reset_plugin_manager()
+
+
+# The longest files first (measured on 2 cores), so that with two workers (``./scripts/test`` runs
+# ``-n 2 --dist loadfile``) neither ends with a long file started last while the other idles.
+LONGEST_FIRST = (
+    "test_onnx_conformance.py",  # about 17 minutes, in two processes of its own
+    "test_tuning.py",
+    "test_compile.py",
+    "test_keras_applications.py",
+    "test_onnx_light_models.py",
+    "test_transformers_corpus.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order

@@ -146,11 +146,11 @@ def test_the_artifact_records_each_kernels_schedule_and_the_profile_its_fallback
     conv = conv_bn_net(seed=22)
     graph = conv.graph
     graph.node.extend([helper.make_node("TopK", [graph.output[0].name, "k"], ["top", "top_index"], axis=-1),
-                       helper.make_node("CumSum", ["top", "axis"], ["y"])])
+                       helper.make_node("CumSum", ["top", "axis"], ["summed"])])
     graph.initializer.extend([numpy_helper.from_array(np.array([4], np.int64), "k"),
                               numpy_helper.from_array(np.array(1, np.int64), "axis")])
     del graph.output[:]
-    graph.output.append(helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4]))
+    graph.output.append(helper.make_tensor_value_info("summed", TensorProto.FLOAT, [1, 4]))
     ir = forge.from_onnx(conv)
     ir.compile(output_path=tmp_path / "a", export_metadata=True)
     runtime = Runtime(tmp_path / "a")

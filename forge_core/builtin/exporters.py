@@ -25,12 +25,20 @@ from forge_core.runtime import metadata as schema
 from forge_core.runtime.library_file import seal
 
 
-def _link(artifact: Artifact, path: Path) -> None:
+def _link(artifact: Artifact, path: Path, name: Path | None = None) -> None:
+    """Link the library to ``path``, in a child process (:mod:`forge_core.compiler.isolation`): LLVM ends
+    the process it runs in when a write fails (disk full); ``name`` is the path an error names."""
+    from forge_core.compiler.isolation import run_forked
+
     fcompile = artifact.toolchain.fcompile
-    if fcompile is None:
-        artifact.executable.export_library(str(path))
-    else:
-        artifact.executable.export_library(str(path), fcompile=fcompile)
+
+    def export() -> None:
+        if fcompile is None:
+            artifact.executable.export_library(str(path))
+        else:
+            artifact.executable.export_library(str(path), fcompile=fcompile)
+
+    run_forked(export, name or path)
 
 
 def write_library(artifact: Artifact, directory: Path) -> list[Path]:
@@ -46,7 +54,7 @@ def write_library(artifact: Artifact, directory: Path) -> list[Path]:
     # at once, never into the artifact directory.
     with tempfile.TemporaryDirectory(prefix="forge-link-") as private:
         plain = Path(private) / schema.LIBRARY_FILE
-        _link(artifact, plain)
+        _link(artifact, plain, path)
         plaintext = seal(plain.read_bytes())  # the same checksum as a plain library, inside the encryption
     library, key = encrypt_library(plaintext, artifact.metadata, password)
     path.write_bytes(library)

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
 from forge_core import __version__
 from forge_core.cli import commands
 from forge_core.compiler.options import OPT_LEVELS
+from forge_core.errors import ForgeError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -147,9 +149,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - the CLI's contract: one line, no traceback
         if args.debug:
             raise
-        message = str(exc).strip() or type(exc).__name__
-        commands.err.print(f"forge: error: {message}", markup=False, highlight=False)
+        commands.err.print(f"forge: error: {error_message(exc)}", markup=False, highlight=False)
         return 1
+
+
+def error_message(exc: BaseException) -> str:
+    """What ``forge: error:`` says: the message; for a bare ``OSError``, the path and the system's reason
+    (``'x.npy': No such file or directory``, not ``[Errno 2] No such file or directory: 'x.npy'``)."""
+    if isinstance(exc, OSError) and not isinstance(exc, ForgeError) and exc.strerror:
+        if exc.filename is None:
+            return exc.strerror
+        names = repr(os.fsdecode(exc.filename))
+        if exc.filename2 is not None:
+            names += f" -> {os.fsdecode(exc.filename2)!r}"
+        return f"{names}: {exc.strerror}"
+    return str(exc).strip() or type(exc).__name__
 
 
 if __name__ == "__main__":

@@ -100,6 +100,9 @@ class _FileSamples(CalibrationSamples):
         names = [spec.name for spec in self.specs]
         try:
             if file.suffix.lower() == ".npy":
+                with file.open("rb") as handle:
+                    if handle.read(6) != b"\x93NUMPY":
+                        raise ForgeError(f"--calib: {str(file)!r} is not a NumPy .npy file (numpy.save writes one)")
                 return np.load(file, allow_pickle=False)
             with np.load(file, allow_pickle=False) as archive:
                 keys = list(archive.files)

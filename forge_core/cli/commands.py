@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import getpass
 import json
 import os
@@ -18,13 +19,61 @@ from rich.console import Console
 from rich.table import Table
 
 from forge_core.cli.model_files import load_model
-from forge_core.errors import ForgeError
+from forge_core.errors import FileAccessError, ForgeError
+from forge_core.files import StagedDirectory, StagedFile, check_directory_writable, check_file_writable, naming
 
 PASSWORD_ENV = "FORGE_ENCRYPT_PASSWORD"
 DECRYPT_PASSWORD_ENV = "FORGE_DECRYPT_PASSWORD"
 
-out = Console(highlight=False, soft_wrap=True)
+
+class _StandardOutput:
+    """``sys.stdout`` (looked up at each call) whose failed writes name it: ``forge tags > /dev/full``."""
+
+    def write(self, text: str) -> int:
+        try:
+            return sys.stdout.write(text)
+        except OSError as exc:
+            raise FileAccessError.from_os_error(exc, "<stdout>") from exc
+
+    def flush(self) -> None:
+        try:
+            sys.stdout.flush()
+        except OSError as exc:
+            raise FileAccessError.from_os_error(exc, "<stdout>") from exc
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding... as sys.stdout has them
+        return getattr(sys.stdout, name)
+
+
+out = Console(file=_StandardOutput(), highlight=False, soft_wrap=True)  # type: ignore[arg-type]
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _check_input_file(path_text: str, option: str) -> Path:
+    """``path_text`` names a readable file, or a :class:`FileAccessError` says why not (before any work)."""
+    path = Path(path_text)
+    if not path.exists():
+        raise FileAccessError(errno.ENOENT, os.strerror(errno.ENOENT), path_text, f"read {option}")
+    if path.is_dir():
+        raise FileAccessError(errno.EISDIR, f"{os.strerror(errno.EISDIR)}, not a file", path_text, f"read {option}")
+    if not os.access(path, os.R_OK):
+        raise FileAccessError(errno.EACCES, os.strerror(errno.EACCES), path_text, f"read {option}")
+    return path
+
+
+def _load_npy(path_text: str) -> np.ndarray:
+    """One ``--input`` array: a ``.npy`` file (checked by its magic bytes, whatever its name)."""
+    path = _check_input_file(path_text, "--input")
+    with naming(path, "read --input"), path.open("rb") as handle:
+        head = handle.read(6)
+    if head != b"\x93NUMPY":
+        raise ForgeError(f"--input {path_text!r} is not a NumPy .npy file (numpy.save writes one); "
+                         f"each --input is one array")
+    try:
+        with naming(path, "read --input"):
+            return np.load(path, allow_pickle=False)
+    except (ValueError, EOFError) as exc:  # truncated, an object array, a bad header
+        raise ForgeError(f"--input {path_text!r} is not a readable .npy file: {exc}") from None
 
 
 def _is_artifact(path: Path) -> bool:
@@ -46,6 +95,7 @@ def _decrypt_password(args: argparse.Namespace) -> str | None:
     """The password that opens ``--key``: from $FORGE_DECRYPT_PASSWORD, else a prompt; never an argument."""
     if args.key is None:
         return None
+    _check_input_file(args.key, "--key")
     password = os.environ.get(DECRYPT_PASSWORD_ENV)
     if password:
         return password
@@ -92,8 +142,18 @@ def _artifact_info(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    if _is_artifact(Path(args.model)):
+    from forge_core.runtime.metadata import LIBRARY_FILE
+
+    path = Path(args.model)
+    if args.key is not None:
+        _check_input_file(args.key, "--key")
+    if args.graph:
+        check_file_writable(args.graph)
+    if _is_artifact(path):
         return _artifact_info(args)
+    if path.is_dir() and args.frontend is None and not (path / "saved_model.pb").exists():
+        raise ForgeError(f"{args.model!r} is a directory holding neither a compiled artifact ({LIBRARY_FILE}) "
+                         "nor a TensorFlow SavedModel (saved_model.pb)")
     if args.key is not None:
         raise ForgeError(f"--key applies to a compiled artifact; {args.model} is a model")
     with err.status(f"Loading {args.model}"):
@@ -124,8 +184,15 @@ def _password(args: argparse.Namespace) -> str | None:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    from forge_core.compiler.staging import check_output_path
+
     password = _password(args)
     started = time.perf_counter()
+    check_output_path(Path(args.output), args.force)  # before the long steps; compile() checks again
+    if args.tuning_db is not None:
+        from forge_core.tuning.database import check_database_exists
+
+        check_database_exists(Path(args.tuning_db))
     from forge_core.schedules.verify import verifying
 
     with err.status(f"Loading {args.model}") as status, verifying() if args.verify else contextlib.nullcontext():
@@ -154,6 +221,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    from forge_core.tuning.database import check_database_directory
+
+    check_database_directory(Path(args.db))  # before loading; tune() writes a copy, renamed in when complete
     with err.status(f"Loading {args.model}"):
         ir = load_model(args.model, args.frontend, args.shape)
     report = ir.tune(
@@ -233,6 +303,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         need = "--report and --report-json need" if dynamic else f"--quant-type {args.quant_type} needs"
         raise ForgeError(f"{need} calibration samples: pass --calib DIR (one .npy/.npz per sample) or --calib FILE.npz")
     check_output_path(Path(args.output), args.force)  # before the long steps
+    if args.report_json is not None:
+        check_file_writable(args.report_json)
     with err.status(f"Loading {args.model}"):
         ir = load_model(args.model, args.frontend, args.shape)
     if args.exclude:  # an unknown name fails now, not after calibration
@@ -262,29 +334,35 @@ def cmd_quantize(args: argparse.Namespace) -> int:
               f"kernels {info.kernel_dtype} {granularity}{method}){excluded}", markup=False)
     from forge_core.compiler.compile import compile_module
 
-    with err.status(f"Compiling {args.model}") as status:
-        path = compile_module(
-            ir,
-            target=args.target,
-            output_path=args.output,
-            opt_level=args.opt_level,
-            set_channel_layout=args.channel_layout,
-            force_overwrite=args.force,
-            encrypt_password=password,
-            progress=lambda step: status.update(step),
-        )
+    report = None
+    if wants_report:  # before compiling: the artifact and the report are written together, or neither
+        with _naming_the_sample_file(samples):
+            report = ir.quantization_report(samples)
+    # The report is staged beside its place first (a full disk fails here, before the artifact is
+    # written), the artifact is written atomically, and the report renamed into place last.
+    with StagedFile(args.report_json) if args.report_json is not None else contextlib.nullcontext() as staged:
+        if staged is not None:
+            staged.write(json.dumps(_finite_or_none(report.to_dict()), indent=2, allow_nan=False) + "\n")
+        with err.status(f"Compiling {args.model}") as status:
+            path = compile_module(
+                ir,
+                target=args.target,
+                output_path=args.output,
+                opt_level=args.opt_level,
+                set_channel_layout=args.channel_layout,
+                force_overwrite=args.force,
+                encrypt_password=password,
+                progress=lambda step: status.update(step),
+            )
+        if staged is not None:
+            staged.commit()
     files = ", ".join(sorted(p.name for p in Path(path).iterdir()))
     out.print(f"Compiled {args.model} ({info.activation_dtype}) for {args.target} in "
               f"{time.perf_counter() - started:.1f} s -> {path} ({files})", markup=False)
-    if wants_report:
-        with _naming_the_sample_file(samples):
-            report = ir.quantization_report(samples)
-        if args.report:
-            _print_quantization_report(report)
-        if args.report_json is not None:
-            destination = Path(args.report_json)
-            destination.write_text(json.dumps(_finite_or_none(report.to_dict()), indent=2, allow_nan=False) + "\n")
-            out.print(f"Report written to {destination}", markup=False)
+    if report is not None and args.report:
+        _print_quantization_report(report)
+    if args.report_json is not None:
+        out.print(f"Report written to {args.report_json}", markup=False)
     return 0
 
 
@@ -293,29 +371,47 @@ def _percentile_table(latencies_ms: np.ndarray) -> str:
     return ", ".join(f"{k} {v:.3f} ms" for k, v in points.items()) + f", mean {latencies_ms.mean():.3f} ms"
 
 
+class _PythonWrites:
+    """A file numpy writes through ``write()``: ``ndarray.tofile`` (what ``np.save`` does to a real file)
+    reports a short write as ``65536 requested and 32736 written``, without the errno that says why."""
+
+    def __init__(self, handle: Any) -> None:
+        self.write = handle.write
+
+
+def _save_npy(path: Path, value: np.ndarray) -> None:
+    with naming(path), path.open("wb") as handle:
+        np.lib.format.write_array(_PythonWrites(handle), np.asanyarray(value), allow_pickle=False)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from forge_core.runtime import Runtime
 
+    if args.save_outputs:
+        check_directory_writable(args.save_outputs)
+    inputs = [_load_npy(path) for path in args.input or ()]
     password = _decrypt_password(args)
     with err.status(f"Loading {args.artifact}"):
         runtime = Runtime(args.artifact, args.key, password)
     if args.input:
-        arrays = [np.load(path, allow_pickle=False) for path in args.input]
+        arrays = inputs
     else:
         arrays = runtime.example_inputs(seed=args.seed)
     outputs = runtime.infer(*arrays)
     runtime.warm_up(args.warmup)
-    latencies = []
-    for _ in range(args.repeat):
+    # Every page of the timings is written before the first run: a long --repeat (a soak) keeps one
+    # resident size from its start to its end, so a leak shows as growth (benchmarks/runtime_soak.py).
+    latencies_ms = np.full(args.repeat, np.nan)
+    for index in range(args.repeat):
         started = time.perf_counter()
         runtime.infer(*arrays)
-        latencies.append((time.perf_counter() - started) * 1000)
-    latencies_ms = np.array(latencies)
-    if args.save_outputs:
-        directory = Path(args.save_outputs)
-        directory.mkdir(parents=True, exist_ok=True)
-        for index, value in enumerate(outputs):
-            np.save(directory / f"output_{index}.npy", value)
+        latencies_ms[index] = (time.perf_counter() - started) * 1000
+    if args.save_outputs:  # all files or none; other files in the directory stay
+        staged = StagedDirectory(args.save_outputs, replace=False)
+        with staged as directory:
+            for index, value in enumerate(outputs):
+                _save_npy(directory / f"output_{index}.npy", value)
+            staged.commit()
     if args.json:
         report = {
             "uuid": runtime.uuid,
@@ -326,7 +422,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 for n, o in zip(runtime.output_names, outputs)
             ],
             "latency_ms": {f"p{p}": float(np.percentile(latencies_ms, p)) for p in (50, 90, 99)}
-            | {"mean": float(latencies_ms.mean()), "runs": len(latencies)},
+            | {"mean": float(latencies_ms.mean()), "runs": len(latencies_ms)},
         }
         out.print(json.dumps(report), markup=False)
         return 0
@@ -337,7 +433,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         table.add_row(name, str(value.shape), str(value.dtype), f"{numeric.min():.6g}", f"{numeric.max():.6g}",
                       f"{numeric.mean():.6g}")
     out.print(table)
-    out.print(f"Latency over {len(latencies)} runs: {_percentile_table(latencies_ms)}")
+    out.print(f"Latency over {len(latencies_ms)} runs: {_percentile_table(latencies_ms)}")
     if args.profile:
         from forge_core.runtime.profiling import format_profile
 

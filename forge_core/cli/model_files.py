@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 from typing import Any
 
-from forge_core.errors import ForgeError
+from forge_core.errors import FileAccessError, ForgeError
 
 FRONTEND_BY_SUFFIX = {
     ".onnx": "onnx",
@@ -23,6 +25,9 @@ def frontend_for(path: Path, explicit: str | None) -> str:
         return explicit
     if path.is_dir() and (path / "saved_model.pb").exists():
         return "tensorflow"
+    if path.is_dir():
+        raise ForgeError(f"Model {str(path)!r} is a directory, not a model file ({', '.join(sorted(FRONTEND_BY_SUFFIX))}); "
+                         "a directory is read as a TensorFlow SavedModel only when it holds saved_model.pb")
     frontend = FRONTEND_BY_SUFFIX.get(path.suffix.lower())
     if frontend is None:
         known = ", ".join(sorted(FRONTEND_BY_SUFFIX))
@@ -52,6 +57,8 @@ def load_model(path_text: str, frontend: str | None, shapes: list[str] | None) -
     path = Path(path_text)
     if not path.exists():
         raise FileNotFoundError(f"Model {path_text!r} does not exist")
+    if not os.access(path, os.R_OK):
+        raise FileAccessError(errno.EACCES, os.strerror(errno.EACCES), path_text, "read the model")
     name = frontend_for(path, frontend)
     kwargs: dict[str, Any] = {}
     parsed = parse_shapes(shapes)

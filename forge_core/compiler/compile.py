@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
 import time
@@ -70,6 +72,24 @@ def compile_to_function(
     except Exception as exc:  # noqa: BLE001
         raise CompilationError(f"Building for {tvm_target.kind.name} failed: {exc}") from exc
     return build_inference_function(executable, tvm_target, ir.input_specs, ir.output_specs)
+
+
+def _is_write_error(exc: OSError, staging: Path) -> bool:
+    """Whether ``exc`` is a failed write of the artifact (rather than, say, a missing compiler)."""
+    from forge_core.compiler.isolation import DISK_ERRNOS
+
+    if exc.filename is not None:
+        with contextlib.suppress(ValueError):
+            Path(os.path.abspath(os.fsdecode(exc.filename))).relative_to(staging)
+            return True
+    return exc.errno in DISK_ERRNOS and exc.errno != errno.EACCES
+
+
+def _exporter_failed(exporter: Any, exc: BaseException) -> CompilationError:
+    return CompilationError(
+        f"Writing {exporter.format} (exporter of plugin {exporter.plugin!r}) failed: "
+        f"{type(exc).__name__}: {str(exc).strip()}"
+    )
 
 
 def compile_module(
@@ -147,11 +167,12 @@ def compile_module(
                 written = exporter.write(artifact, directory)
             except ForgeError:
                 raise
+            except OSError as exc:
+                if _is_write_error(exc, directory):  # disk full, quota, permissions: the final path, the reason
+                    raise stage.restate(exc) from exc
+                raise _exporter_failed(exporter, exc) from exc
             except Exception as exc:  # noqa: BLE001 - compilers and linkers fail in many ways
-                raise CompilationError(
-                    f"Writing {exporter.format} (exporter of plugin {exporter.plugin!r}) failed: "
-                    f"{type(exc).__name__}: {str(exc).strip()}"
-                ) from exc
+                raise _exporter_failed(exporter, exc) from exc
             artifact.written[exporter.format] = [str(Path(p).relative_to(directory)) for p in written]
         stage.commit()
     logger.info("Compiled to %s in %.1f s", options.output_path, time.perf_counter() - started)

@@ -21,11 +21,8 @@ draws two); edges from constants are thin and gray.
 
 from __future__ import annotations
 
-import contextlib
 import html
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -190,6 +187,8 @@ def render(graph: Graph, path: str | os.PathLike[str], format: str | None = None
     Raises:
         ForgeError: Graphviz's ``dot`` is not installed, it failed, or the
             format is unknown.
+        FileAccessError: ``path`` cannot be written (it is a directory, its
+            directory is read-only, the disk is full); nothing is left behind.
     """
     import graphviz
 
@@ -209,18 +208,11 @@ def render(graph: Graph, path: str | os.PathLike[str], format: str | None = None
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary directory beside it, then :func:`os.replace`."""
-    parent = path.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=parent))
-    try:
-        staged = staging / path.name
-        with open(staged, "wb") as f:  # a new file takes the umask's mode, as the picture should
-            f.write(data)
-        os.replace(staged, path)
-    finally:
-        with contextlib.suppress(OSError):
-            shutil.rmtree(staging)
+    """Write ``data`` to ``path`` through a temporary file beside it, then :func:`os.replace`
+    (:func:`forge_core.files.write_file`: nothing left behind on failure; ``FileAccessError`` names ``path``)."""
+    from forge_core.files import write_file
+
+    write_file(path, data)
 
 
 __all__ = ["format_bytes", "render", "shorten", "to_digraph", "to_dot"]

@@ -8,12 +8,11 @@ from typing import Any
 
 import numpy as np
 import tvm
-from tvm import relax
 
 from forge_core.errors import ForgeError
 from forge_core.runtime.outputs import outputs_to_numpy, to_device
 from forge_core.runtime.signature import TensorSpec, check_inputs
-from forge_core.threads import configure_threads
+from forge_core.runtime.vm_threads import VMSessions
 
 logger = logging.getLogger("forge.inference")
 
@@ -22,11 +21,13 @@ class InferenceFunction:
     """Calls a compiled Relax module with numpy arrays.
 
     ``fn(x0, x1, ...)`` returns one array for a single-output model, else a list.
+    It may be called from several threads, as :class:`forge_core.runtime.Runtime` may
+    (:mod:`forge_core.runtime.vm_threads`).
     """
 
     def __init__(self, executable: Any, device: tvm.runtime.Device, inputs: Sequence[TensorSpec],
                  outputs: Sequence[TensorSpec]) -> None:
-        self._vm = relax.VirtualMachine(executable, device)
+        self._sessions = VMSessions(executable, device)
         self._device = device
         self.input_specs = tuple(inputs)
         self.output_specs = tuple(outputs)
@@ -34,7 +35,7 @@ class InferenceFunction:
     def __call__(self, *arrays: Any) -> np.ndarray | list[np.ndarray]:
         checked = check_inputs(self.input_specs, arrays)
         args = [to_device(a, self._device) for a in checked]
-        results = outputs_to_numpy(self._vm["main"](*args))
+        results = self._sessions.call("main", *args, convert=outputs_to_numpy)
         return results[0] if len(self.output_specs) == 1 and len(results) == 1 else results
 
     def __repr__(self) -> str:
@@ -50,7 +51,6 @@ def build_inference_function(mod: tvm.IRModule | Any, target: tvm.target.Target,
         raise ForgeError(
             f"No {target.kind.name} device is present on this machine; use target='llvm' to run on the CPU."
         )
-    configure_threads()
     if isinstance(mod, tvm.IRModule):
         from forge_core.compiler.external import run_external_codegens
 

@@ -364,13 +364,24 @@ class IRModule(SignatureSurface):
 
         Returns:
             Inference function
+
+        Raises:
+            forge.CompilationError: TVM could not build the module (its error,
+                which names the offending call, is in the message).
         """
+        from forge_core.errors import CompilationError, ForgeError
         from forge_core.ir.inference import build_inference_function
         from forge_core.targets import resolve_target
 
         tvm_target = resolve_target(target, host_cpu=False)  # generic code: quick to build
         bound = weights.bind_params(self._mod, self._params)
-        return build_inference_function(bound, tvm_target, self.input_specs, self.output_specs)
+        try:
+            return build_inference_function(bound, tvm_target, self.input_specs, self.output_specs)
+        except ForgeError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - TVM and LLVM fail with many error types
+            raise CompilationError(f"Building the inference function for {tvm_target.kind.name} failed: "
+                                   f"{type(exc).__name__}: {str(exc).strip()}") from exc
 
     # ------------------------------------------------------------------
     # Transforms (in place)
@@ -671,6 +682,10 @@ class IRModule(SignatureSurface):
                 suggests close tag names).
             forge.CompilationError: The build failed, or the toolchain for a
                 cross target is missing (the error names what to install).
+            forge.FileAccessError: ``output_path`` cannot be written: its
+                directory is read-only, or the disk filled up (an ``OSError``
+                with the system's errno, naming the file). Checked before the
+                build where it can be; nothing partial is left either way.
         """
         from forge_core.compiler.compile import compile_module
 
@@ -708,6 +723,10 @@ class IRModule(SignatureSurface):
             target: A CPU target in any form ``compile()`` takes; defaults to
                 this machine. It needs a core count (``"llvm"`` has one).
             work_dir: The database directory; created, or extended when it exists.
+                The session writes into a copy beside it, read back and renamed
+                into place when complete: a failed or interrupted session (a
+                full disk, Ctrl-C) leaves the old database as it was, and
+                raises ``forge.FileAccessError`` for what could not be written.
             trials: The trial budget over all operators. 0 measures the
                 default schedules only.
             time_budget: Seconds after which tuning stops (the trials in flight

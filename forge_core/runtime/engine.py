@@ -26,7 +26,7 @@ from forge_core.runtime.library_file import (
 from forge_core.runtime.outputs import outputs_to_numpy, to_device
 from forge_core.runtime.profiling import FunctionTime, profile_calls
 from forge_core.runtime.signature import DYNAMIC_DIM, SignatureSurface, TensorSpec, check_inputs
-from forge_core.threads import configure_threads
+from forge_core.runtime.vm_threads import VMSessions
 
 _DEVICES = {"cpu": tvm.cpu, "cuda": tvm.cuda}
 
@@ -79,6 +79,16 @@ class Runtime(SignatureSurface):
 
     Inputs go positionally as numpy arrays, in the order of ``input_names``;
     ``infer`` returns a list of numpy arrays, one per output.
+
+    Threads: one ``Runtime`` may be shared by any number of threads and
+    gives each the results a single thread would. TVM's virtual machine is
+    not re-entrant, and TVM starts a worker pool in every thread that runs
+    a kernel and never stops it, so the model only runs on two threads: the
+    main thread, and Forge's ``forge-inference`` thread, which runs the
+    calls of every other thread one at a time, in the order they come
+    (:mod:`forge_core.runtime.vm_threads`). Each call uses
+    :attr:`num_threads` cores. The weights are shared; each of the two
+    threads has its own intermediate buffers.
     """
 
     def __init__(self, library_path: str | os.PathLike[str], key_path: str | os.PathLike[str] | None = None,
@@ -126,7 +136,6 @@ class Runtime(SignatureSurface):
         if not device.exist:
             raise ForgeError(f"{str(path)!r} is built for {device_type}, and no {device_type} device is present")
         target_cores = (document.get("target") or {}).get("config", {}).get("num-cores")
-        self.num_threads = configure_threads(int(target_cores) if target_cores else None)
         self._path = path
         self._metadata = document
         self._metadata["library"] = {"file": str(path), "sha256": None}  # filled by get_metadata()
@@ -141,18 +150,22 @@ class Runtime(SignatureSurface):
         else:
             self._module = load_library_bytes(data, repr(str(path)))
         del data
-        self._vm = relax.VirtualMachine(self._module, device)
-        self._main = self._vm["main"]
+        self._sessions = VMSessions(self._module, device, int(target_cores) if target_cores else None)
+        self.num_threads = self._sessions.num_threads
+        self._sessions.run(lambda vm: self._sessions.function(vm, "main"))  # no ``main``: fails here, not later
         self._inputs = [TensorSpec.from_json(spec) for spec in document["inputs"]]
         self._outputs = [TensorSpec.from_json(spec) for spec in document["outputs"]]
 
     # -- running ------------------------------------------------------------
 
     def infer(self, *arrays: Any) -> list[np.ndarray]:
-        """Run the model on numpy arrays (positionally) and return its outputs as numpy arrays."""
+        """Run the model on numpy arrays (positionally) and return its outputs as numpy arrays.
+
+        Safe to call from several threads at once (see the class's note).
+        """
         checked = check_inputs(self._inputs, arrays)
         args = [to_device(a, self._device) for a in checked]
-        return outputs_to_numpy(self._main(*args))
+        return self._sessions.call("main", *args, convert=outputs_to_numpy)
 
     __call__ = infer
 
@@ -165,8 +178,14 @@ class Runtime(SignatureSurface):
         """
         checked = check_inputs(self._inputs, arrays or self.example_inputs())
         args = [to_device(a, self._device) for a in checked]
-        self._main(*args)
-        return profile_calls(self._vm, lambda: self._main(*args), repeat, self._metadata.get("schedules"))
+        schedules = self._metadata.get("schedules")
+
+        def profile(vm: relax.VirtualMachine) -> list[FunctionTime]:
+            main = self._sessions.function(vm, "main")
+            main(*args)
+            return profile_calls(vm, lambda: main(*args), repeat, schedules)
+
+        return self._sessions.run(profile)
 
     def example_inputs(self, seed: int = 0) -> list[np.ndarray]:
         """Random inputs matching the signature (dynamic dimensions set to 1)."""

@@ -8,6 +8,8 @@ intrinsics.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from typing import Any
 
 import tvm
@@ -19,3 +21,16 @@ def build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params: dict[
 
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
     return tvm.driver.build(mod, target=target)
+
+
+def export_candidate(scratch: str, mod: Any) -> str:
+    """MetaSchedule's default export, into a directory under ``scratch`` (removed after the session).
+
+    The default makes a new temporary directory per candidate and never
+    removes it: a session of 2000 trials would leave 2000 in the system's.
+    """
+    from tvm.support.tar import tar
+
+    path = os.path.join(tempfile.mkdtemp(dir=scratch), "tvm_tmp_mod." + tar.output_format)
+    mod.export_library(path, fcompile=tar)
+    return path

@@ -7,9 +7,12 @@ slower than what compiling without tuning gives.
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,8 +30,9 @@ from forge_core.ir import weights
 from forge_core.schedules.apply import SCHEDULED_ATTR, default_rules
 from forge_core.schedules.blocks import is_static
 from forge_core.targets.parsing import resolve_target
-from forge_core.tuning.builder import build_candidate
-from forge_core.tuning.database import open_database
+from forge_core.tuning.builder import build_candidate, export_candidate
+from forge_core.files import StagedDirectory
+from forge_core.tuning.database import check_database_directory, check_written, open_database
 
 if TYPE_CHECKING:
     from forge_core.ir.module import IRModule
@@ -57,6 +61,8 @@ class TuningReport:
     seconds: float
     stopped_by_time: bool
     tasks: list[TaskResult] = field(default_factory=list)
+    records: int = 0
+    """Tuning records the database holds after the session."""
 
     @property
     def estimated_speedup(self) -> float | None:
@@ -203,6 +209,27 @@ def tune_module(
     options = options or CompileOptions.validate()
     started = time.monotonic()
     directory = Path(work_dir)
+    check_database_directory(directory)
+    # The session writes into a copy of the database beside it, renamed into place once complete and
+    # read back: a failure (a full disk, an interrupt) leaves the old database as it was, never a part.
+    stage = StagedDirectory(directory, replace=True, seed=True)
+    scratch = tempfile.mkdtemp(prefix="forge-tune-")  # the candidates built and measured
+    try:
+        with stage as staged:
+            report = _tune_into(ir, tvm_target, staged, trials=trials, time_budget=time_budget,
+                                trials_per_task=trials_per_task, options=options, progress=progress,
+                                started=started, scratch=scratch)
+            check_written(staged, report.records, shown=directory)
+            stage.commit()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    report.database = directory
+    return report
+
+
+def _tune_into(ir: IRModule, tvm_target: tvm.target.Target, directory: Path, *, trials: int,
+               time_budget: float | None, trials_per_task: int | None, options: CompileOptions,
+               progress: Progress | None, started: float, scratch: str) -> TuningReport:
     database = open_database(directory, create=True)
 
     mod = prepare_graph(weights.bind_params(ir.mod, ir.params), options, tvm_target)
@@ -212,7 +239,7 @@ def tune_module(
                  if SCHEDULED_ATTR not in (t.dispatched[0]["main"].attrs or {}) and is_static(t.dispatched[0]["main"])]
     logger.info("%d tunable tasks", len(extracted))
 
-    builder = ms.builder.LocalBuilder(f_build=build_candidate)
+    builder = ms.builder.LocalBuilder(f_build=build_candidate, f_export=functools.partial(export_candidate, scratch))
     runner = ms.runner.LocalRunner(evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20))
     if progress is not None:
         progress(0, trials, "measuring the default schedules")
@@ -266,5 +293,7 @@ def tune_module(
                 best = _run_secs(ms.runner.RunnerResult(top[0].run_secs, None))
         results.append(TaskResult(task.task_name, int(task.weight), defaults.get(task.task_name),
                                   best * 1000 if best else None))
-    return TuningReport(directory, str(tvm_target), callback.trials, time.monotonic() - started,
-                        callback.stopped, results)
+    report = TuningReport(directory, str(tvm_target), callback.trials, time.monotonic() - started,
+                          callback.stopped, results)
+    report.records = len(database)
+    return report

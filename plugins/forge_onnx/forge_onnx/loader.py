@@ -25,10 +25,11 @@ from forge_core.ir.module import IRModule
 from forge_core.ir.naming import with_output_names
 from forge_core.ir.weights import lift_weights
 from forge_core.plugin_manager import get_plugin_manager
-from forge_onnx import graph_rewrites
+from forge_onnx import graph_rewrites, validation
 from forge_onnx.constant_folding import fold_if_constant, scalar_float_constant, static_shape_constant
 from forge_onnx.converters import ConverterContext
-from forge_onnx.model_file import read_model
+from forge_onnx.import_passes import build_ir_module
+from forge_onnx.model_file import describe_source, read_model
 from forge_onnx.operator_support import check_operators, iter_nodes
 
 logger = logging.getLogger("forge.onnx")
@@ -42,6 +43,15 @@ _SHAPE_OPERAND_OPS = frozenset({
     "Reshape", "Resize", "ConstantOfShape", "Gather", "Slice", "Shape", "Expand", "Concat", "Equal", "Where",
     "Cast", "CastLike", "Squeeze",
 })
+
+
+_LIST_ATTRIBUTES = {onnx.AttributeProto.INTS: "ints", onnx.AttributeProto.FLOATS: "floats",
+                    onnx.AttributeProto.STRINGS: "strings", onnx.AttributeProto.TENSORS: "tensors",
+                    onnx.AttributeProto.GRAPHS: "graphs"}
+
+
+def _attribute_values(attr: onnx.AttributeProto) -> list[Any]:
+    return list(getattr(attr, _LIST_ATTRIBUTES[attr.type]))
 
 
 class _OneNode:
@@ -66,10 +76,11 @@ class _ForgeImporter(ONNXGraphImporter):
         self._domains = domains
 
     def _parse_attr(self, attr_proto: Any) -> dict[str, Any]:
-        """TVM's attribute parsing, plus sparse tensors (which it rejects)."""
+        """TVM's attribute parsing, plus sparse tensors and empty lists (which it rejects)."""
         sparse = {a.name: a.sparse_tensor for a in attr_proto if a.type == onnx.AttributeProto.SPARSE_TENSOR}
-        rest = [a for a in attr_proto if a.type != onnx.AttributeProto.SPARSE_TENSOR]
-        return {**super()._parse_attr(rest), **sparse}
+        empty = {a.name: () for a in attr_proto if a.type in _LIST_ATTRIBUTES and not _attribute_values(a)}
+        rest = [a for a in attr_proto if a.type != onnx.AttributeProto.SPARSE_TENSOR and a.name not in empty]
+        return {**super()._parse_attr(rest), **sparse, **empty}
 
     def _check_for_unsupported_ops(self, graph: Any) -> None:
         """Forge checked already (operator_support.check_operators), counting registered converters."""
@@ -86,6 +97,10 @@ class _ForgeImporter(ONNXGraphImporter):
                         self._nodes[name] = self.bb.emit(relax.op.shape_to_tensor(value))
             try:
                 super()._construct_nodes(_OneNode(node))
+            except ModelImportError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - outside the converter (attributes, inputs): still this node's
+                raise OperatorConversionError("onnx", node.op_type, node.name, exc) from exc
             finally:
                 self._nodes.update(replaced)  # later consumers (a Reshape...) still get the shape value
             for index, name in enumerate(node.output):
@@ -209,6 +224,26 @@ def _apply_shapes(model: onnx.ModelProto, shape: Mapping[str, Sequence[Dim]]) ->
                 entry.dim_value = int(dim)
 
 
+def _check_strings(model: onnx.ModelProto) -> None:
+    """No graph input holds strings, which TVM has no dtype for."""
+    for vi in _graph_inputs(model):
+        if vi.type.WhichOneof("value") == "tensor_type" and vi.type.tensor_type.elem_type == onnx.TensorProto.STRING:
+            raise ModelImportError(f"graph input {vi.name!r} is a tensor of strings; Forge compiles numeric tensors "
+                                   "only")
+
+
+def _check_ranks(model: onnx.ModelProto, shape: Mapping[str, Sequence[Dim]] | None) -> None:
+    """Every tensor input (or untyped one) has at least a rank, or ``shape`` gives it: TVM cannot lower an
+    operator on a tensor of unknown rank."""
+    for vi in _graph_inputs(model):
+        if vi.type.WhichOneof("value") in (None, "tensor_type") and not vi.type.tensor_type.HasField("shape") \
+                and vi.name not in (shape or {}):
+            raise ModelImportError(
+                f"graph input {vi.name!r} has no shape, not even a rank; Forge needs at least its rank: give "
+                f"its shape with from_onnx(shape={{{vi.name!r}: (...)}}), -1 for a dynamic dim"
+            )
+
+
 def _apply_dtypes(model: onnx.ModelProto, dtype: str | Mapping[str, str]) -> None:
     inputs = {vi.name: vi for vi in _graph_inputs(model)}
     if isinstance(dtype, Mapping):
@@ -293,25 +328,36 @@ def load_onnx(
             UserWarning,
             stacklevel=3,
         )
-    if _needs_edit(proto, shape, dtype):
+    _check_ranks(proto, shape)
+    # _apply_dtypes types sequence and optional inputs as tensors, as TVM's importer takes them; ONNX's type
+    # inference would then reject the model.
+    tensor_io = validation.tensor_typed_io(proto)
+    unsorted = not validation.is_sorted(proto)
+    if unsorted or _needs_edit(proto, shape, dtype):
         edited = onnx.ModelProto()
         edited.CopyFrom(proto)  # never modify the caller's model
         proto = edited
         _name_nodes(proto)
+        if unsorted:
+            validation.sort_nodes(proto)
         if shape:
             _apply_shapes(proto, shape)
         _apply_dtypes(proto, dtype)
     if export_node_renamed_model_path is not None:
         _save_atomically(proto, export_node_renamed_model_path)
+    inferred = validation.check_model(proto, describe_source(model), infer_types=tensor_io)
+    check_operators(proto)
+    _check_strings(proto)
     if graph_rewrites.needs_rewrite(proto):
         graph_rewrites.rewrite_sums(proto)
-    check_operators(proto)
     mod = _convert(proto, opset)
     mod = with_output_names(mod, [output.name for output in proto.graph.output])
     params: dict[str, Any] = {}
     if not freeze_params:
         mod, params = lift_weights(mod)
-    ir = IRModule(mod, params, fold_constants=fold_constants, fold_batch_norms=fold_batch_norms)
+    ir = build_ir_module(mod, params, proto, describe_source(model), fold_constants=fold_constants,
+                         fold_batch_norms=fold_batch_norms)
+    validation.check_output_shapes(proto, inferred, [(spec.name, spec.shape) for spec in ir.output_specs])
     logger.info(
         "Imported ONNX model (%d nodes, opset %d) in %.2f s",
         len(proto.graph.node),

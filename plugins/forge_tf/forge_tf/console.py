@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import re
 from collections.abc import Iterator
 
 logger = logging.getLogger("forge.tf")
@@ -43,12 +44,21 @@ def captured_output(step: str) -> Iterator[None]:
             logger.debug("%s printed:\n%s", step, text)
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def first_line(exc: BaseException) -> str:
-    """An exception's message on one line: its first non-empty line (the type's name when empty)."""
-    for line in str(exc).splitlines():
-        if line.strip():
-            return line.strip()
-    return type(exc).__name__
+    """An exception's message on one line: its first non-empty line (the type's name when empty).
+
+    Keras wraps an error raised in a layer's ``call`` as "Exception encountered
+    when calling <Layer>.call()." with the reason on a later line: both are kept.
+    """
+    lines = [line.strip() for line in _ANSI.sub("", str(exc)).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    if lines[0].startswith("Exception encountered when calling") and len(lines) > 1:
+        return f"{lines[0]} {lines[1]}"
+    return lines[0]
 
 
 def one_line(exc: BaseException) -> str:

@@ -20,6 +20,11 @@ from forge_tf.console import captured_output, first_line
 from forge_tf.signature import InputSpec
 
 
+# Ops that update a variable: a model holding them computes something else at each call.
+_ASSIGN_OPS = {"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp", "Assign", "AssignAdd",
+               "AssignSub", "ResourceScatterUpdate", "ResourceScatterAdd"}
+
+
 @dataclass(frozen=True)
 class FrozenFunction:
     """A concrete function without variables, with the names Forge gives its inputs and outputs."""
@@ -85,13 +90,26 @@ def freeze(
     try:
         with captured_output(f"tracing {source}"):
             traced = tf.function(call, autograph=False).get_concrete_function(*tensor_specs(specs))
-            frozen = convert_variables_to_constants_v2(traced)
     except ForgeError:
         raise
     except Exception as exc:  # noqa: BLE001 - tracing raises TypeError, ValueError, InvalidArgumentError...
         raise ModelImportError(
             f"Tracing {source} with inputs {_describe(specs)} failed: {type(exc).__name__}: {first_line(exc)}"
         ) from exc
+    assigning = [op.name for op in traced.graph.get_operations() if op.type in _ASSIGN_OPS]
+    if assigning:
+        raise ModelImportError(
+            f"{source} updates variables when it runs ({len(assigning)} assignment"
+            f"{'s' if len(assigning) > 1 else ''}, e.g. {assigning[0]!r}): a stateful layer (an RNN with "
+            "stateful=True) or one that assigns in call. Forge converts stateless models, whose variables are "
+            "frozen into constants"
+        )
+    try:
+        with captured_output(f"freezing {source}"):
+            frozen = convert_variables_to_constants_v2(traced)
+    except Exception as exc:  # noqa: BLE001 - freezing raises ValueError, InvalidArgumentError...
+        raise ModelImportError(f"Freezing the variables of {source} failed: {type(exc).__name__}: "
+                               f"{first_line(exc)}") from exc
     names = output_names_of(traced.structured_outputs, output_names)
     if len(names) != len(frozen.outputs):
         names = [f"output_{i}" for i in range(len(frozen.outputs))]

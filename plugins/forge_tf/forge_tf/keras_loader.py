@@ -37,6 +37,14 @@ def _input_specs(model: keras.Model, shape: Mapping[str, Any] | None, layout: st
     if layout == "NCHW":
         given = {name: layouts.nchw_shape_to_nhwc(dims) if len(dims) == 4 else dims for name, dims in given.items()}
     declared = _declared_inputs(model)
+    for tensor in declared:
+        kind = "ragged" if getattr(tensor, "ragged", False) else "sparse" if getattr(tensor, "sparse", False) else None
+        if kind is not None or str(tensor.dtype) == "string":
+            raise ModelImportError(
+                f"{LOADER}: input {str(tensor.name)!r} of model {model.name!r} is "
+                f"{f'a {kind} tensor' if kind else 'a string tensor'}; Forge converts models whose inputs are dense "
+                "numeric tensors (move the preprocessing out of the model)"
+            )
     if declared:
         specs = [InputSpec(str(t.name), tuple(t.shape) if t.shape is not None else None, dtype_name(t.dtype))
                  for t in declared]

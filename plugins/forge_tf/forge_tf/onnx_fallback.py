@@ -8,14 +8,19 @@ or fails for another reason, the loaders convert the same frozen function
 the batch is one ``batch`` dimension shared by every input.
 
 tf2onnx leaves TensorFlow's ``Erfc`` (which Keras 3's exact gelu uses) as a
-node ONNX does not define; :func:`_erfc` converts it to ``1 - Erf(x)``.
+node ONNX does not define; :func:`_erfc` converts it to ``1 - Erf(x)``. It
+reads a TFLite flatbuffer in Python, but asks TFLite's interpreter for tensor
+shapes, which runs C++ kernels on the model: Forge gives it the flatbuffer's
+shapes instead (:class:`_StoredShapes`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
+import types
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +32,8 @@ from forge_core.loaders import load
 from forge_tf.console import captured_output, first_line
 from forge_tf.frozen_function import FrozenFunction
 from forge_tf.signature import InputSpec
-from forge_tf.tflite_import import outputs_are_fixed
-from forge_tf.tflite_model import TFLiteModel
+from forge_tf.tflite_import import outputs_are_fixed, unsafe_operation
+from forge_tf.tflite_model import TFLiteModel, tensor_name
 
 DEFAULT_ONNX_OPSET = 17
 
@@ -90,16 +95,71 @@ def onnx_from_function(frozen: FrozenFunction, opset: int = DEFAULT_ONNX_OPSET) 
     return proto.SerializeToString()
 
 
+class _StoredShapes:
+    """Stands in for ``tf.lite.Interpreter`` in tf2onnx's TFLite reader, which asks it for tensor shapes only.
+
+    TFLite's interpreter prepares every kernel of the model to give them, and a
+    kernel given inputs that do not fit it (a FULLY_CONNECTED whose opcode a
+    corrupt file turned into a STRIDED_SLICE, say) reads past them: the
+    process died of SIGSEGV. The shapes it gives are the flatbuffer's shape
+    signatures, or its shapes where there are none: Forge reads them itself.
+    """
+
+    def __init__(self, details: list[dict[str, Any]]) -> None:
+        self._details = details
+
+    def allocate_tensors(self) -> None:
+        pass
+
+    def get_tensor_details(self) -> list[dict[str, Any]]:
+        return self._details
+
+
+class _TensorFlowView:
+    """TensorFlow as tf2onnx's TFLite reader sees it: all of it, but ``tf.lite.Interpreter`` is
+    :class:`_StoredShapes`."""
+
+    def __init__(self, tf: Any, details: list[dict[str, Any]]) -> None:
+        self._tf = tf
+        self.lite = types.SimpleNamespace(Interpreter=lambda *args, **kwargs: _StoredShapes(details))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tf, name)
+
+
+@contextlib.contextmanager
+def _without_interpreter(tflite_model: TFLiteModel) -> Iterator[None]:
+    """While tf2onnx reads ``tflite_model``, give it the stored shapes instead of TFLite's interpreter."""
+    from tf2onnx import tflite_utils
+
+    subgraph = tflite_model.subgraph
+    details = []
+    for index in range(subgraph.TensorsLength()):
+        tensor = subgraph.Tensors(index)
+        shape = tensor.ShapeSignatureAsNumpy() if tensor.ShapeSignatureLength() else tensor.ShapeAsNumpy()
+        details.append({"name": tensor_name(subgraph, index),
+                        "shape_signature": np.asarray(shape if tensor.ShapeLength() else [], dtype=np.int32)})
+    real = tflite_utils.tf
+    tflite_utils.tf = _TensorFlowView(real, details)
+    try:
+        yield
+    finally:
+        tflite_utils.tf = real
+
+
 def onnx_from_tflite(tflite_model: TFLiteModel, opset: int = DEFAULT_ONNX_OPSET) -> bytes:
-    """The ONNX model of a TFLite model, inputs and outputs named as in the flatbuffer."""
+    """The ONNX model of a TFLite model, inputs and outputs named as in the flatbuffer.
+
+    tf2onnx reads the flatbuffer in Python; the shapes it would ask TFLite's
+    interpreter for come from the flatbuffer (see :class:`_StoredShapes`), so
+    that no C++ kernel runs on a model only Forge's checks have seen.
+    """
     tf2onnx = _tf2onnx()
     with tempfile.TemporaryDirectory(prefix="forge-tflite-") as directory:
         path = Path(directory) / "model.tflite"
         path.write_bytes(tflite_model.buffer)
         try:
-            with captured_output("tf2onnx"), warnings.catch_warnings():
-                # tf2onnx reads the flatbuffer with tf.lite.Interpreter, which warns of its deprecation.
-                warnings.filterwarnings("ignore", message=r"(?s).*tf\.lite\.Interpreter is deprecated")
+            with captured_output("tf2onnx"), _without_interpreter(tflite_model):
                 proto, _ = tf2onnx.convert.from_tflite(str(path), opset=opset,
                                                        custom_op_handlers=dict(_CUSTOM_OP_HANDLERS))
         except Exception as exc:  # noqa: BLE001
@@ -137,6 +197,9 @@ def import_through_onnx(onnx_model: bytes, specs: Sequence[InputSpec], loader: s
         raise
     except Exception as exc:  # noqa: BLE001 - a third-party plugin may raise anything
         raise ModelImportError(f"the onnx frontend failed: {type(exc).__name__}: {first_line(exc)}") from exc
+    unsafe = unsafe_operation(ir.mod)
+    if unsafe is not None:
+        raise ModelImportError(f"the onnx frontend's module cannot be compiled safely: {unsafe}")
     dynamic = [spec.name for spec in specs if spec.dynamic_axes]
     if dynamic and outputs_are_fixed(ir.mod):
         warnings.warn(

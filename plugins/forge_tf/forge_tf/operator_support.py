@@ -16,7 +16,7 @@ from typing import Any
 from tflite.BuiltinOperator import BuiltinOperator
 from tvm.relax.frontend.tflite.tflite_frontend import ExprTable, OperatorConverter
 
-from forge_core.errors import UnsupportedOperatorError
+from forge_core.errors import OperatorConversionError, UnsupportedOperatorError
 from forge_tf.tflite_model import TFLiteModel, tensor_name
 
 _BUILTIN_NAMES = {value: name for name, value in vars(BuiltinOperator).items() if isinstance(value, int)}
@@ -85,7 +85,10 @@ def check_operators(tflite_model: TFLiteModel, frontend: str = "tflite") -> None
             if code not in known:
                 key = code
             else:
-                issue = _quantization_issue(converter, op, code)
+                try:
+                    issue = _quantization_issue(converter, op, code)
+                except Exception as exc:  # noqa: BLE001 - TVM's reading of quantization fails with anything
+                    raise OperatorConversionError(frontend, code, _example_name(subgraph, op, index), exc) from exc
                 if issue is None:
                     continue
                 key = f"{code} ({issue})"

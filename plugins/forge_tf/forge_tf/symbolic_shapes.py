@@ -7,8 +7,10 @@ attention with a dynamic sequence length through ``UNSORTED_SEGMENT_PROD``.
 TVM's importer turns ``SHAPE`` into a tensor and then cannot build the
 ``RESHAPE`` from it. :class:`SymbolicShapes` evaluates these small integer
 computations on TIR expressions instead (``batch * 8``), so the ``RESHAPE``
-gets a symbolic shape. It steps in only where a value depends on a dynamic
-dimension; everything static goes through TVM's converters unchanged.
+gets a symbolic shape. It steps in only where a value comes from a ``SHAPE``
+(static or not: TVM's ``RESHAPE`` cannot take a shape computed at run time,
+so Keras's ``Flatten`` failed even on a static model); everything else goes
+through TVM's converters unchanged.
 
 It also carries fixes to TVM 0.27's converters that matter for dynamic
 shapes: ``EXPAND_DIMS`` (which calls ``relax.op.expand_dims`` with a stray
@@ -22,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import operator
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +55,13 @@ def _imm(value: Any) -> Any:
 
 def _simplify(value: Any) -> Any:
     return tvm.sym.Analyzer().simplify(value)
+
+
+def _show(dims: Any) -> str:
+    """Dimensions as a user reads them: ``(batch, 3, 3)``."""
+    shown = [str(int(d)) if isinstance(d, tirx.IntImm) else re.sub(r"T\.int(?:32|64)\((-?\d+)\)", r"\1", str(d))
+             for d in dims]
+    return "(" + ", ".join(shown) + ("," if len(shown) == 1 else "") + ")"
 
 
 def _tolerant_to_int_list(np_array: Any) -> list[Any]:
@@ -137,19 +147,36 @@ class SymbolicShapes:
         return values  # type: ignore[return-value]
 
     def _options(self, op: Any, options_class: type) -> Any:
-        options = options_class()
+        """The op's builtin options as ``options_class``; None when absent or of another type."""
+        from tflite.BuiltinOptions import BuiltinOptions
+
         table = op.BuiltinOptions()
-        if table is None:
+        if table is None or op.BuiltinOptionsType() != getattr(BuiltinOptions, options_class.__name__):
             return None
+        options = options_class()
         options.Init(table.Bytes, table.Pos)
         return options
+
+    def _same_types(self, op: Any) -> bool:
+        """Whether every input has the output's type (TFLite's PACK and CONCATENATION require it)."""
+        output = self.get_output_tensors(op)[0].tensor.Type()
+        return all(t.tensor.Type() == output for t in self.get_input_tensors(op))
 
     # -- the ops -----------------------------------------------------------------
 
     def _symbolic_shape(self, op: Any) -> Any:
-        expr = self.get_tensor_expr(self.get_input_tensors(op)[0])
+        """SHAPE, recorded even when static: TVM's RESHAPE cannot take a shape computed from its tensor."""
+        from tflite.ShapeOptions import ShapeOptions
+        from tflite.TensorType import TensorType
+
+        inputs, options = self.get_input_tensors(op), self._options(op, ShapeOptions)
+        out_type = self.get_output_tensors(op)[0].tensor.Type()
+        if len(inputs) != 1 or options is None or options.OutType() != out_type \
+                or out_type not in (TensorType.INT32, TensorType.INT64):
+            return None  # TVM's converter checks these (and the output's type is then checked)
+        expr = self.get_tensor_expr(inputs[0])
         shape = getattr(self.bb.normalize(expr).ty, "shape", None)
-        if shape is None or all(isinstance(d, tirx.IntImm) for d in shape.values):
+        if shape is None:
             return None
         return self._record(op, ShapeValue(tuple(shape.values), 1), self._output_dtype(op))
 
@@ -158,7 +185,7 @@ class SymbolicShapes:
 
         values = self._inputs_known(op)
         options = self._options(op, GatherOptions)
-        if values is None or values[0].rank != 1 or (options is not None and options.Axis() not in (0, -1)):
+        if values is None or values[0].rank != 1 or options is None or options.Axis() not in (0, -1):
             return None
         data, indices = values
         picked = tuple(data.values[int(i)] for i in indices.values)
@@ -184,11 +211,12 @@ class SymbolicShapes:
         from tflite.ReducerOptions import ReducerOptions
 
         values = self._inputs_known(op)
-        if values is None or values[0].rank != 1 or [int(v) for v in values[1].values] not in ([0], [-1]):
-            return None
         options = self._options(op, ReducerOptions)
+        if values is None or len(values) != 2 or values[0].rank != 1 or options is None \
+                or [int(v) for v in values[1].values] not in ([0], [-1]):
+            return None
         product = functools.reduce(operator.mul, values[0].values, _imm(1))
-        rank = 1 if options is not None and options.KeepDims() else 0
+        rank = 1 if options.KeepDims() else 0
         return self._record(op, ShapeValue((_simplify(product),), rank), self._output_dtype(op))
 
     def _symbolic_unsorted_segment_prod(self, op: Any) -> Any:
@@ -207,7 +235,8 @@ class SymbolicShapes:
 
         values = self._inputs_known(op)
         options = self._options(op, PackOptions)
-        if values is None or any(v.rank != 0 for v in values) or (options is not None and options.Axis() != 0):
+        if values is None or any(v.rank != 0 for v in values) or options is None or options.Axis() != 0 \
+                or options.ValuesCount() != len(values) or not self._same_types(op):
             return None
         return self._record(op, ShapeValue(tuple(v.values[0] for v in values), 1), self._output_dtype(op))
 
@@ -217,7 +246,7 @@ class SymbolicShapes:
         values = self._inputs_known(op)
         options = self._options(op, ConcatenationOptions)
         if values is None or any(v.rank != 1 for v in values) or options is None or options.Axis() not in (0, -1) \
-                or options.FusedActivationFunction() != 0:
+                or options.FusedActivationFunction() != 0 or not self._same_types(op):
             return None
         joined = tuple(item for v in values for item in v.values)
         return self._record(op, ShapeValue(joined, 1), self._output_dtype(op))
@@ -235,6 +264,10 @@ class SymbolicShapes:
         if len(inputs) != 2:
             return None
         target = self._known(inputs[1])
+        if target is None and inputs[1].tensor_idx >= 0 and self.has_expr(inputs[1].tensor_idx):
+            # TVM's converter builds a ShapeExpr of whatever it is given, and fails on a tensor computed at run time.
+            raise ValueError(f"its new shape, tensor {inputs[1].tensor.Name().decode(errors='replace')!r}, is "
+                             "computed from values known only at run time; Relax needs it at import")
         data = self.get_tensor_expr(inputs[0])
         shape = getattr(self.bb.normalize(data).ty, "shape", None)
         if target is None or shape is None:
@@ -242,16 +275,25 @@ class SymbolicShapes:
         dynamic_input = any(not isinstance(d, tirx.IntImm) for d in shape.values)
         dims = list(target.values)
         has_wildcard = any(isinstance(d, tirx.IntImm) and int(d) == -1 for d in dims)
-        if target.is_static and not (dynamic_input and has_wildcard):
+        computed = inputs[1].tensor_idx in self._shape_values
+        if target.is_static and not computed and not (dynamic_input and has_wildcard):
             return None
         if self.get_input_tensors(op)[0].qnn_params:
             return None
+        total = functools.reduce(operator.mul, shape.values, _imm(1))
         if has_wildcard:
             known = functools.reduce(
                 operator.mul, [d for d in dims if not (isinstance(d, tirx.IntImm) and int(d) == -1)], _imm(1))
-            total = functools.reduce(operator.mul, shape.values, _imm(1))
             dims = [tirx.floordiv(total, known) if isinstance(d, tirx.IntImm) and int(d) == -1 else d for d in dims]
-        return relax.op.reshape(data, relax.ShapeExpr([_simplify(_imm(d)) for d in dims]))
+        dims = [_simplify(_imm(d)) for d in dims]
+        # Relax checks a reshape of symbolic shapes neither here nor when it runs: one that changed the number of
+        # elements would read past its input (a corrupt model, or one only valid for some batch sizes).
+        count = functools.reduce(operator.mul, dims, _imm(1))
+        if not tvm.sym.Analyzer().can_prove_equal(count, total):
+            raise ValueError(f"RESHAPE of the shape {_show(shape.values)}, {_show([_simplify(total)])[1:-2]} "
+                             f"elements, to {_show(dims)}, {_show([_simplify(count)])[1:-2]} elements: the counts "
+                             "are not equal for every size of the dynamic dimensions")
+        return relax.op.reshape(data, relax.ShapeExpr(dims))
 
     # -- converters TVM 0.27 writes for static shapes only ------------------------
 

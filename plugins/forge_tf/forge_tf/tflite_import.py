@@ -11,10 +11,14 @@ fallback route.
 
 from __future__ import annotations
 
+import functools
+import operator
 import re
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import tvm
 from tvm import relax, tirx
 from tvm.relax.frontend.tflite import from_tflite
@@ -32,12 +36,77 @@ BATCH_VAR = "batch"
 
 class ForgeOperatorConverter(SymbolicShapes, OperatorConverter):
     """TVM's converter, with shape arithmetic on dynamic dimensions (:mod:`forge_tf.symbolic_shapes`) and
-    every per-operator failure named by the op and its first output tensor."""
+    every per-operator failure named by the op and its first output tensor.
 
-    def __init__(self, model: Any, subgraph: Any, *args: Any, **kwargs: Any) -> None:
+    With ``check_declared`` (the model's own input shapes and types), every
+    operator's result must have the dtype and the static shape that the
+    flatbuffer declares for its output: TFLite's converter writes them exactly,
+    and an operator whose code, inputs, options or types a corrupt file changed
+    computes something else, which TFLite's interpreter rejects.
+    """
+
+    def __init__(self, model: Any, subgraph: Any, *args: Any, check_declared: bool = False, **kwargs: Any) -> None:
         super().__init__(model, subgraph, *args, **kwargs)
         self._init_symbolic_shapes()
+        self._check_declared = check_declared
         self.convert_map = {code: self._named(code, convert) for code, convert in self.convert_map.items()}
+
+    def get_tensor_value(self, tensor_wrapper: Any, is_sparse: bool = False) -> Any:
+        """TVM's, with a clear error where a converter needs a value the model computes at run time."""
+        tensor = tensor_wrapper.tensor
+        if tensor_wrapper.buffer.DataLength() == 0 and tensor.ShapeLength() \
+                and int(np.prod(tensor.ShapeAsNumpy())) > 0:
+            raise tvm.error.OpNotImplemented(
+                f"TVM's converter needs the value of tensor {tensor_name(self.subgraph, tensor_wrapper.tensor_idx)!r} "
+                "at import, and the model computes it at run time"
+            )
+        return super().get_tensor_value(tensor_wrapper, is_sparse)
+
+    def _lost_shape(self, op: Any, result: Any) -> str | None:
+        """Why a result has no shape although its inputs have one (e.g. a concatenation of a dynamic batch
+        with a batch of 1): later passes cannot compile a tensor of unknown shape. None when it has one."""
+        types = list(result.ty.fields) if isinstance(result.ty, relax.TupleType) else [result.ty]
+        if all(not isinstance(ty, relax.TensorType) or isinstance(ty.shape, relax.ShapeExpr) for ty in types):
+            return None
+        shapes = []
+        for wrapper in self.get_input_tensors(op):
+            if wrapper.tensor_idx < 0 or not self.has_expr(wrapper.tensor_idx):
+                continue
+            ty = self.bb.normalize(self.get_expr(wrapper.tensor_idx)).ty
+            if not isinstance(getattr(ty, "shape", None), relax.ShapeExpr):
+                return None  # the shape was unknown before this op
+            shapes.append(tuple(int(d) if isinstance(d, tirx.IntImm) else str(d) for d in ty.shape.values))
+        return f"the shapes of its inputs {', '.join(map(str, shapes))} do not determine the shape of its output"
+
+    def _declared_mismatch(self, op: Any, result: Any) -> str | None:
+        """How the converted result differs from the op's declared outputs, or None."""
+        outputs = self.get_output_tensors(op)
+        ty = result.ty
+        types = list(ty.fields) if isinstance(ty, relax.TupleType) else [ty]
+        if len(types) != len(outputs):
+            return None
+        for wrapper, field in zip(outputs, types):
+            tensor = wrapper.tensor
+            name = tensor_name(self.subgraph, wrapper.tensor_idx)
+            try:
+                declared_dtype = self.get_tensor_type_str(tensor.Type())
+            except Exception:  # noqa: BLE001 - a type TVM has no name for: nothing to compare
+                continue
+            dtype = getattr(field, "dtype", None)
+            if dtype is not None and str(dtype) != declared_dtype:
+                return f"it computes {name!r} as {dtype}; the model declares {declared_dtype}"
+            shape = getattr(field, "shape", None)
+            declared = [int(d) for d in tensor.ShapeAsNumpy()] if tensor.ShapeLength() else []
+            if shape is None or not isinstance(shape, relax.ShapeExpr) or not declared:
+                continue
+            # The inputs have their stored static shapes: every static dimension is the stored one, the
+            # batch too (stored as 1 where shape_signature has -1). A dimension that depends on data is symbolic.
+            dims = list(shape.values)
+            if len(dims) != len(declared) or any(
+                    isinstance(dim, tirx.IntImm) and int(dim) != declared[axis] for axis, dim in enumerate(dims)):
+                computed = tuple(int(d) if isinstance(d, tirx.IntImm) else str(d) for d in dims)
+                return f"it computes {name!r} of shape {computed}; the model declares {tuple(declared)}"
+        return None
 
     def convert_fully_connected(self, op: Any) -> Any:
         """TVM's FULLY_CONNECTED, flattening the leading dims unless ``keep_num_dims``, as TFLite defines it.
@@ -61,19 +130,68 @@ class ForgeOperatorConverter(SymbolicShapes, OperatorConverter):
 
         def call(op: Any) -> Any:
             try:
-                if symbolic is not None:
-                    result = symbolic(op)
-                    if result is not None:
-                        return result
-                return convert(op=op)
+                result = symbolic(op) if symbolic is not None else None
+                if result is None:
+                    result = convert(op=op)
+                if result is None:
+                    return None
+                result = _bounded_take(result)
+                # Type inference runs here, so that an op whose types or shapes do not fit (a corrupt model,
+                # a dtype_dict the graph cannot take) is named like any other failure.
+                result = self.bb.normalize(result)
+                lost = self._lost_shape(op, result) or _compared_types(result)
+                if lost is not None:
+                    raise ValueError(lost)
+                mismatch = self._declared_mismatch(op, result) if self._check_declared else None
+                if mismatch is not None:
+                    raise ValueError(mismatch)
+                return result
             except ForgeError:
                 raise
             except Exception as exc:  # noqa: BLE001 - converters fail with anything from asserts to TVMError
                 output = int(op.Outputs(0)) if op.OutputsLength() else -1
                 node = tensor_name(self.subgraph, output) if output >= 0 else f"<{code} without outputs>"
-                raise OperatorConversionError("tflite", operator_code(self.model, op), node, exc) from exc
+                raise OperatorConversionError("tflite", operator_code(self.model, op), node,
+                                              described_assertion(exc)) from exc
 
         return call
+
+
+def _bounded_take(result: Any) -> Any:
+    """A GATHER's or EMBEDDING_LOOKUP's ``take`` of indices known only at run time, clamping them.
+
+    TVM's converters ask for mode "fast", which reads outside the tensor for an index out of range (a crash,
+    or numbers from other memory), where TFLite raises. Clamped, an index out of range gives the first or last
+    slice; constant indices are checked by the converter at import.
+    """
+    if not isinstance(result, relax.Call) or not isinstance(result.op, tvm.ir.Op) or result.op.name != "relax.take" \
+            or str(result.attrs.mode) != "fast" or isinstance(result.args[1], tvm.ir.GenericConst):
+        return result
+    axis = result.attrs.axis
+    return relax.op.take(result.args[0], result.args[1], axis=None if axis is None else int(axis), mode="clip")
+
+
+_COMPARISONS = frozenset({"relax.less", "relax.less_equal", "relax.greater", "relax.greater_equal", "relax.equal",
+                          "relax.not_equal"})
+
+
+def _compared_types(result: Any) -> str | None:
+    """Why a comparison's operands cannot be compared (Relax infers its type without checking them, and
+    compiling fails later), or None."""
+    if not isinstance(result, relax.Call) or not isinstance(result.op, tvm.ir.Op) \
+            or result.op.name not in _COMPARISONS:
+        return None
+    dtypes = [str(arg.ty.dtype) for arg in result.args if isinstance(arg.ty, relax.TensorType)]
+    return None if len(set(dtypes)) <= 1 else f"it compares tensors of types {' and '.join(dtypes)}"
+
+
+def described_assertion(exc: BaseException) -> BaseException:
+    """``exc``, or for a bare ``assert`` of TVM's converter, an AssertionError quoting the failed check."""
+    if not isinstance(exc, AssertionError) or str(exc).strip():
+        return exc
+    frames = traceback.extract_tb(exc.__traceback__)
+    line = frames[-1].line if frames else ""
+    return AssertionError(f"TVM's check `{line}` failed" if line else "TVM's converter rejected the operator")
 
 
 def _var_name(text: str) -> str:
@@ -163,6 +281,65 @@ def fixed_dynamic_dims(mod: tvm.IRModule, tflite_model: TFLiteModel) -> list[str
     return fixed
 
 
+def _shape_text(ty: Any) -> str:
+    shape = getattr(ty, "shape", None)
+    if not isinstance(shape, relax.ShapeExpr):
+        return "(?)"
+    return "(" + ", ".join(str(int(d)) if isinstance(d, tirx.IntImm) else str(d) for d in shape.values) + ")"
+
+
+def _count(ty: Any) -> Any:
+    shape = getattr(ty, "shape", None)
+    return functools.reduce(operator.mul, shape.values, tirx.IntImm("int64", 1)) \
+        if isinstance(shape, relax.ShapeExpr) else None
+
+
+def unsafe_operation(mod: tvm.IRModule) -> str | None:
+    """The first operation of ``main`` that cannot be compiled safely, described; or None.
+
+    That is an operation whose inputs have shapes and whose output has none (a
+    concatenation of a dynamic batch with a batch of 1, valid only when the
+    batch is 1), or a reshape to more elements than its input has for some
+    size (at least 1) of the dynamic dimensions: Relax checks neither, and
+    such a reshape reads past its input when it runs. (A reshape of a dynamic
+    batch to a batch of 1 is safe: :func:`fixed_dynamic_dims` reports it.)
+    """
+    analyzer = tvm.sym.Analyzer()
+    for var in _shape_vars(mod):
+        dtype = str(getattr(var.ty, "dtype", "int64"))
+        analyzer.bind(var, tvm.ir.Range(tirx.IntImm(dtype, 1), tirx.IntImm(dtype, 1 << 31)))
+    for block in mod["main"].body.blocks:
+        for binding in block.bindings:
+            ty, value = binding.var.ty, binding.value
+            if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
+                continue
+            if value.op.name == "relax.reshape" and isinstance(value.args[0].ty, relax.TensorType):
+                before, after = _count(value.args[0].ty), _count(ty)
+                if before is not None and after is not None and not analyzer.can_prove(after <= before):
+                    return (f"relax.reshape ({binding.var.name}) of the shape {_shape_text(value.args[0].ty)} to "
+                            f"{_shape_text(ty)} needs more elements than its input has for some sizes of the "
+                            "dynamic dimensions")
+            if not isinstance(ty, relax.TensorType) or isinstance(ty.shape, relax.ShapeExpr):
+                continue
+            tensors = [arg for arg in value.args if isinstance(arg.ty, relax.TensorType)]
+            tensors += [field for arg in value.args if isinstance(arg, relax.Tuple) for field in arg.fields]
+            if tensors and all(isinstance(t.ty.shape, relax.ShapeExpr) for t in tensors
+                               if isinstance(t.ty, relax.TensorType)):
+                shapes = ", ".join(_shape_text(t.ty) for t in tensors)
+                return f"{value.op.name} ({binding.var.name}) of inputs of shapes {shapes} has no known shape"
+    return None
+
+
+def _shape_vars(mod: tvm.IRModule) -> list[tirx.Var]:
+    """The dynamic dimensions of ``main``'s inputs."""
+    found: list[tirx.Var] = []
+    for param in mod["main"].params:
+        for dim in getattr(getattr(param.ty, "shape", None), "values", []):
+            if isinstance(dim, tirx.Var) and not any(dim.same_as(v) for v in found):
+                found.append(dim)
+    return found
+
+
 def import_tflite(
     tflite_model: TFLiteModel,
     shapes: Mapping[str, Sequence[Dim]] | None = None,
@@ -173,13 +350,16 @@ def import_tflite(
     ``shapes`` and ``dtypes`` override inputs by TFLite tensor name; a None
     dimension is dynamic.
     """
+    stored = {info.name: info for info in tflite_model.inputs}
+    as_stored = all(name in stored and tuple(shape) == stored[name].shape for name, shape in (shapes or {}).items()) \
+        and all(name in stored and dtype == stored[name].dtype for name, dtype in (dtypes or {}).items())
     try:
         with captured_output("TVM's TFLite importer"), symbolic_int_lists():
             mod = from_tflite(
                 tflite_model.model,
                 shape_dict=shapes_with_variables(shapes or {}),
                 dtype_dict=dict(dtypes or {}),
-                op_converter=ForgeOperatorConverter,
+                op_converter=functools.partial(ForgeOperatorConverter, check_declared=as_stored),
             )
     except ForgeError:
         raise
@@ -189,4 +369,7 @@ def import_tflite(
     # constants already in the graph; it would double the weights held and hashed.
     updated = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
     updated["main"] = mod["main"].without_attr("params")
+    unsafe = unsafe_operation(updated)
+    if unsafe is not None:
+        raise ModelImportError(f"TVM's TFLite importer built a module that cannot be compiled safely: {unsafe}")
     return updated

@@ -52,6 +52,13 @@ def _input_specs(model: TFLiteModel, shape_dict: Mapping[str, Any] | None,
                     f"rank {len(info.shape)}: {info.shape}"
                 )
         dtype = dtype_name(dtype_dict[info.name]) if info.name in dtype_dict else info.dtype
+        if dtype != info.dtype:
+            # TVM's converters read every other tensor's type, and quantization parameters, from the flatbuffer:
+            # an input of another type made them compute with mismatched types or parameters.
+            raise ModelImportError(
+                f"{LOADER}: dtype_dict gives input {info.name!r} the type {dtype}; the model declares {info.dtype}, "
+                "and a TFLite model's types are fixed (dtype_dict may only repeat them)"
+            )
         specs.append(InputSpec(info.name, shape, dtype))
     return specs
 

@@ -10,7 +10,8 @@ from typing import Any
 import tflite
 from tflite.TensorType import TensorType
 
-from forge_core.errors import ModelImportError
+from forge_core.errors import InvalidModelError
+from forge_tf.tflite_verify import verify_tflite
 
 _FILE_IDENTIFIER = b"TFL3"
 
@@ -87,18 +88,14 @@ def tensor_name(subgraph: Any, index: int) -> str:
 def parse_tflite(buffer: bytes, source: str) -> TFLiteModel:
     """Parse and check TFLite flatbuffer bytes; ``source`` names them in errors."""
     if len(buffer) < 8 or buffer[4:8] != _FILE_IDENTIFIER:
-        raise ModelImportError(
+        raise InvalidModelError(
             f"Not a TFLite model ({source}): a TFLite flatbuffer carries the identifier 'TFL3' at bytes 4-8; "
             f"found {bytes(buffer[4:8])!r}"
         )
-    try:
-        model = tflite.Model.GetRootAsModel(buffer, 0)
-        subgraphs = model.SubgraphsLength()
-    except Exception as exc:  # noqa: BLE001 - flatbuffers raises anything on corrupt data
-        raise ModelImportError(f"{source}: the TFLite flatbuffer is corrupt: {type(exc).__name__}: {exc}") from exc
-    if subgraphs < 1:
-        raise ModelImportError(f"{source}: the TFLite model has no subgraph")
-    return TFLiteModel(model, bytes(buffer))
+    # The tflite package reads without bounds checks: a corrupt offset or index would surface later as a
+    # struct.error or IndexError deep in a converter. verify_tflite names the field that is wrong instead.
+    verify_tflite(bytes(buffer), source)
+    return TFLiteModel(tflite.Model.GetRootAsModel(buffer, 0), bytes(buffer))
 
 
 def read_tflite(model: Any) -> TFLiteModel:

@@ -51,22 +51,46 @@ def to_torch_dtype(value: Any) -> torch.dtype:
 
 def parse_input_infos(input_infos: Sequence[Any], default_type: str) -> list[InputInfo]:
     """``[(name, shape)]`` or ``[(name, (shape, dtype))]``; -1 or None marks a dynamic dimension."""
+    if isinstance(input_infos, (str, bytes)) or not isinstance(input_infos, Sequence):
+        raise ModelImportError(
+            f"input_infos is {input_infos!r}; expected a list of (name, shape) or (name, (shape, dtype))"
+        )
     parsed = []
     for index, entry in enumerate(input_infos):
-        try:
-            name, spec = entry
-        except (TypeError, ValueError):
-            raise ModelImportError(
-                f"input_infos[{index}] is {entry!r}; expected (name, shape) or (name, (shape, dtype))"
-            ) from None
+        expected = "expected (name, shape) or (name, (shape, dtype)), e.g. ('input0', (1, 3, 224, 224))"
+        if isinstance(entry, (str, bytes)) or not isinstance(entry, Sequence) or len(entry) != 2:
+            raise ModelImportError(f"input_infos[{index}] is {entry!r}; {expected}")
+        name, spec = entry
+        if not isinstance(name, str):
+            raise ModelImportError(f"input_infos[{index}] names its input {name!r}, not a string; {expected}")
         if isinstance(spec, tuple) and len(spec) == 2 and not isinstance(spec[1], int) and spec[1] is not None \
                 and isinstance(spec[0], (tuple, list, torch.Size)):
             shape, dtype = spec
         else:
             shape, dtype = spec, default_type
-        dims = tuple(None if (d is None or int(d) < 0) else int(d) for d in shape)
-        parsed.append(InputInfo(str(name), dims, to_torch_dtype(dtype)))
+        parsed.append(InputInfo(name, _dims(index, name, shape), to_torch_dtype(dtype)))
     return parsed
+
+
+def _dims(index: int, name: str, shape: Any) -> tuple[int | None, ...]:
+    """A shape of ``input_infos``: ints, with -1 or None where dynamic."""
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, (Sequence, torch.Size)):
+        raise ModelImportError(
+            f"input_infos[{index}] ({name!r}) has the shape {shape!r}; expected a tuple of dimensions such as "
+            "(1, 3, 224, 224), with -1 or None for a dynamic one"
+        )
+    dims: list[int | None] = []
+    for dim in shape:
+        if dim is None:
+            dims.append(None)
+        elif isinstance(dim, bool) or not isinstance(dim, (int, torch.SymInt)) and not hasattr(dim, "__index__"):
+            raise ModelImportError(
+                f"input_infos[{index}] ({name!r}) has the dimension {dim!r} of type {type(dim).__name__} in its "
+                "shape; expected an int, or -1 or None for a dynamic one"
+            )
+        else:
+            dims.append(None if int(dim) < 0 else int(dim))
+    return tuple(dims)
 
 
 def infos_from_examples(model: Any, examples: Sequence[torch.Tensor]) -> list[InputInfo]:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import re
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -57,7 +59,19 @@ def _signature(model: Any, input_infos: Sequence[Any] | None, example_inputs: An
         return infos, examples
     if example_inputs is not None:
         examples = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
+        for index, example in enumerate(examples):
+            if not isinstance(example, torch.Tensor):
+                raise ModelImportError(
+                    f"from_torch: example_inputs[{index}] is {example!r:.60} of type {type(example).__name__}, not "
+                    "a torch.Tensor: a Forge model takes tensors only (make other arguments attributes or defaults "
+                    "of the module)"
+                )
         infos = parse_input_infos(input_infos, default_type) if input_infos else infos_from_examples(model, examples)
+        if len(infos) != len(examples):
+            raise ModelImportError(
+                f"from_torch: input_infos names {len(infos)} inputs ({', '.join(i.name for i in infos)}); "
+                f"example_inputs has {len(examples)} tensors"
+            )
         return infos, examples
     if input_infos:
         infos = parse_input_infos(input_infos, default_type)
@@ -66,6 +80,67 @@ def _signature(model: Any, input_infos: Sequence[Any] | None, example_inputs: An
     raise ModelImportError(
         "from_torch needs input_infos, e.g. [('input0', (1, 3, 224, 224))], or example_inputs to trace the model"
     )
+
+
+def _describe(infos: Sequence[InputInfo]) -> str:
+    return ", ".join(f"{info.name}: {tuple('?' if d is None else d for d in info.shape)} "
+                     f"{str(info.dtype).removeprefix('torch.')}" for info in infos)
+
+
+def _output_problem(value: Any, path: str = "output") -> str | None:
+    """Where the model's output holds something other than tensors (in tuples, lists and dicts), or None."""
+    if isinstance(value, torch.Tensor):
+        return None
+    if isinstance(value, (list, tuple)):
+        return next((p for i, item in enumerate(value) if (p := _output_problem(item, f"{path}[{i}]"))), None)
+    if isinstance(value, dict):
+        return next((p for k, item in value.items() if (p := _output_problem(item, f"{path}[{k!r}]"))), None)
+    return f"{path} is None" if value is None else f"{path} is {value!r:.40} of type {type(value).__name__}"
+
+
+@contextlib.contextmanager
+def _state_kept(model: Any) -> Iterator[None]:
+    """Put the module's buffers back as they were: a forward that updates them (a step counter, running
+    statistics) must not change the model Forge converts, nor the user's module."""
+    buffers = [(buffer, buffer.detach().clone()) for buffer in model.buffers()] \
+        if isinstance(model, torch.nn.Module) else []
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buffer, saved in buffers:
+                if buffer.shape == saved.shape:
+                    buffer.copy_(saved)
+
+
+def _count_outputs(runnable: Any, examples: tuple[torch.Tensor, ...], infos: Sequence[InputInfo]) -> int:
+    """Run the model once on (copies of) its example inputs: the number of output tensors."""
+    try:
+        with torch.no_grad(), _state_kept(runnable):
+            outputs = runnable(*[t.clone() for t in examples])
+    except Exception as exc:  # noqa: BLE001 - the model's own code raises anything
+        raise ModelImportError(
+            f"from_torch: running the model on its example inputs ({_describe(infos)}) failed: "
+            f"{type(exc).__name__}: {_reason(exc)}"
+        ) from exc
+    problem = _output_problem(outputs)
+    if problem is not None:
+        raise ModelImportError(
+            f"from_torch: the model's {problem}; Forge converts models whose outputs are tensors, or tuples, "
+            "lists and dicts of tensors"
+        )
+    return len(_flatten(outputs))
+
+
+def _data_dependent(error: BaseException) -> str | None:
+    """Where torch.export found Python control flow on input values (``file:line: code``), or None."""
+    cause: BaseException | None = error
+    while cause is not None and type(cause).__name__ != "GuardOnDataDependentSymNode":
+        cause = cause.__cause__
+    if cause is None:
+        return None
+    where = re.search(r'File "([^"]+)", line (\d+), in (\w+)\n\s*(.+)', str(cause))
+    return f"{where[1]}:{where[2]} in {where[3]}: {where[4].strip()}" if where else "(no source line)"
 
 
 def _check_dynamic(ir: IRModule, infos: Sequence[InputInfo]) -> None:
@@ -115,13 +190,13 @@ def load_torch(
     runnable = script_module.module() if is_program else script_module
     if not is_program:
         runnable.eval()
-    with torch.no_grad():
-        output_count = len(_flatten(runnable(*examples)))
-    output_names = [f"output_{i}" for i in range(output_count)]
+    output_names = [f"output_{i}" for i in range(_count_outputs(runnable, examples, infos))]
     ir_options = {"fold_constants": fold_constants, "fold_batch_norms": fold_batch_norms}
 
     def through_onnx() -> IRModule:
-        return onnx_route.load_through_onnx(runnable, examples, infos, output_names, onnx_opset, **ir_options)
+        # The exporter runs the model: it must not update the module's buffers either.
+        with _state_kept(runnable):
+            return onnx_route.load_through_onnx(runnable, examples, infos, output_names, onnx_opset, **ir_options)
 
     if is_script:
         ir = through_onnx()
@@ -136,6 +211,15 @@ def load_torch(
     except ForgeError as direct_error:
         if not fallback_to_onnx:
             raise
+        branch = _data_dependent(direct_error)
+        if branch is not None:
+            # The ONNX exporter traces: it would keep the branch the example inputs take, for every input.
+            raise ModelImportError(
+                f"from_torch: the model's Python control flow depends on the values of its inputs, at {branch}. "
+                "torch.export cannot convert it, and the ONNX route would trace only the branch the example "
+                "inputs take. Express it with tensor operations (torch.where, torch.cond), or move it out of "
+                f"forward. torch.export: {_reason(direct_error)}"
+            ) from direct_error
         try:
             ir = through_onnx()
         except Exception as onnx_error:  # noqa: BLE001 - report both routes whatever failed

@@ -16,12 +16,14 @@ from forge_onnx.converters import (
     recurrent,
     reductions,
     resize,
+    sequences,
     shapes,
+    unique,
 )
 
 MODULES = (
     activations, attention, elementwise, losses, normalization, quantized, ranges, recurrent, reductions, resize,
-    shapes,
+    sequences, shapes, unique,
 )
 
 
