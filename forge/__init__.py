@@ -28,7 +28,9 @@ from forge_core.errors import (
     PluginConflictError,
     PluginError,
     PluginNotInstalledError,
+    RemoteDeviceError,
     TargetError,
+    TrackerUnreachableError,
     UnsupportedOperatorError,
     WeakPasswordWarning,
     WrongPasswordError,
@@ -40,6 +42,7 @@ from forge_core.passes import PassInfo, list_passes
 from forge_core.plugin_manager import PluginInfo, get_plugin_manager
 from forge_core.runtime.engine import Runtime
 from forge_core.runtime.signature import DYNAMIC_DIM, TensorSpec
+from forge_core.remote.devices import RemoteDevices
 from forge_core.targets.listing import (
     list_android_tags,
     list_arm_tags,
@@ -103,6 +106,9 @@ __all__ = [
     "CompilationError",
     "ArtifactCorruptedError",
     "FileAccessError",
+    "RemoteDevices",
+    "RemoteDeviceError",
+    "TrackerUnreachableError",
     "DecryptionError",
     "MissingKeyError",
     "MissingPasswordError",

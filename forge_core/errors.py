@@ -145,6 +145,16 @@ class ArtifactCorruptedError(ForgeError):
     """A compiled library is truncated, modified or spliced: its bytes differ from what compile() wrote."""
 
 
+class RemoteDeviceError(ForgeError):
+    """A board reached through TVM's RPC tracker could not be used: no device of the key, a session that
+    failed or was lost, a library the board could not load."""
+
+
+class TrackerUnreachableError(RemoteDeviceError, ConnectionError):
+    """The RPC tracker did not answer within the timeout: nothing listens at the address, or it is not a
+    tracker."""
+
+
 class DecryptionError(ForgeError):
     """An encrypted artifact could not be opened. Each case below has its own class."""
 

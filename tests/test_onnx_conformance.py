@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import warnings
 
+import pytest
+
 from forge_onnx.conformance import PASSING_LIST
 from forge_onnx.conformance.__main__ import read_passing
 from forge_onnx.conformance.cases import all_cases
@@ -21,6 +23,7 @@ def test_the_passing_list_exists_and_is_substantial():
     assert len(read_passing()) > 1000
 
 
+@pytest.mark.timeout(3000)  # one test of about 500 s (2 cores); pyproject's default is 900
 def test_the_whole_suite_keeps_every_listed_case_passing(monkeypatch):
     # Every case's outputs are compared with ONNX's reference outputs, so a schedule that computes wrong
     # fails its case without verification mode, which would double each compile (DenseNet-121: 57 -> 127 s)

@@ -24,6 +24,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    def rpc_arguments(p: argparse.ArgumentParser, what: str) -> None:
+        p.add_argument("--rpc-tracker", metavar="HOST:PORT", help="TVM RPC tracker: " + what)
+        p.add_argument("--rpc-key", metavar="KEY", help="the device key (with --rpc-tracker)")
+        p.add_argument("--rpc-timeout", type=float, default=10.0, metavar="S",
+                       help="seconds to wait for the tracker to answer (default: 10)")
+
     def model_arguments(p: argparse.ArgumentParser, what: str = "model file (.onnx, ...)") -> None:
         p.add_argument("model", help=what)
         p.add_argument("--frontend", help="loader to use (default: from the file's suffix)")
@@ -70,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--opt-level", type=int, default=3, choices=sorted(OPT_LEVELS))
     tune.add_argument("--float16", action="store_true")
     tune.add_argument("--channel-layout", choices=["first", "last"])
+    rpc_arguments(tune, "measure the candidates on the devices of KEY registered with the tracker")
+    tune.add_argument("--devices", type=int, metavar="N",
+                      help="candidates measured at once, one a device (default: every device of the key)")
     tune.set_defaults(handler=commands.cmd_tune)
 
     quant = sub.add_parser(
@@ -124,7 +133,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--save-outputs", metavar="DIR", help="write output_<i>.npy files")
     run.add_argument("--json", action="store_true", help="print one JSON report")
     run.add_argument("--profile", action="store_true", help="time every function of the model")
+    rpc_arguments(run, "run on a device of KEY registered with the tracker; timings taken on the device")
     run.set_defaults(handler=commands.cmd_run)
+
+    server = sub.add_parser("rpc-server", help="serve this machine as a remote device (TVM's RPC server, with "
+                                               "Forge's profiler)")
+    server.add_argument("--tracker", metavar="HOST:PORT", help="register with this RPC tracker")
+    server.add_argument("--key", default="", help="the device key to register under (with --tracker)")
+    server.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all)")
+    server.add_argument("--port", type=int, default=9090, help="first port to try (default: 9090)")
+    server.add_argument("--port-end", type=int, default=9199, help="last port to try (default: 9199)")
+    server.add_argument("--custom-addr", metavar="HOST", help="address the tracker tells clients (behind NAT)")
+    server.set_defaults(handler=commands.cmd_rpc_server)
 
     tags = sub.add_parser("tags", help="list target tags")
     tags.add_argument("--category", help="cuda, x86, arm, android, riscv, ...")

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from forge_core.cli.model_files import load_model
-from forge_core.errors import FileAccessError, ForgeError
+from forge_core.errors import FileAccessError, ForgeError, InputError
 from forge_core.files import StagedDirectory, StagedFile, check_directory_writable, check_file_writable, naming
 
 PASSWORD_ENV = "FORGE_ENCRYPT_PASSWORD"
@@ -224,6 +224,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from forge_core.tuning.database import check_database_directory
 
     check_database_directory(Path(args.db))  # before loading; tune() writes a copy, renamed in when complete
+    rpc = _remote_devices(args)
     with err.status(f"Loading {args.model}"):
         ir = load_model(args.model, args.frontend, args.shape)
     report = ir.tune(
@@ -236,6 +237,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         set_float16=args.float16,
         set_channel_layout=args.channel_layout,
         progress=err.is_terminal,
+        rpc=rpc,
     )
     out.print(report.summary(), markup=False)
     out.print(f"Compile with it: forge compile {args.model} --target {args.target!r} --tuning-db {args.db}",
@@ -246,8 +248,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
 @contextlib.contextmanager
 def _naming_the_sample_file(samples: Any) -> Iterator[None]:
     """Add the file (or archive entry) of a sample the model rejects to the error's message."""
-    from forge_core.errors import InputError
-
     try:
         yield
     except InputError as exc:
@@ -384,28 +384,60 @@ def _save_npy(path: Path, value: np.ndarray) -> None:
         np.lib.format.write_array(_PythonWrites(handle), np.asanyarray(value), allow_pickle=False)
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def _remote_devices(args: argparse.Namespace) -> Any:
+    """``--rpc-tracker``/``--rpc-key``/``--devices`` as ``RemoteDevices`` (None: local); checked before any work."""
+    if not args.rpc_tracker:
+        for option, value in (("--rpc-key", args.rpc_key), ("--devices", getattr(args, "devices", None))):
+            if value is not None:
+                raise InputError(f"{option} needs --rpc-tracker HOST:PORT")
+        return None
+    if not args.rpc_key:
+        raise InputError("--rpc-tracker needs --rpc-key: the device key the boards registered under")
+    if args.rpc_timeout <= 0:
+        raise InputError(f"--rpc-timeout must be a positive number of seconds, given {args.rpc_timeout:g}")
+    from forge_core.remote.devices import RemoteDevices
+
+    return RemoteDevices.of({"tracker": args.rpc_tracker, "key": args.rpc_key, "timeout": args.rpc_timeout,
+                             "devices": getattr(args, "devices", None)})
+
+
+def _open_runtime(args: argparse.Namespace) -> Any:
+    """The local runtime, or the remote one with ``--rpc-tracker``."""
     from forge_core.runtime import Runtime
 
+    remote = _remote_devices(args)
+    if remote is None:
+        with err.status(f"Loading {args.artifact}"):
+            return Runtime(args.artifact, args.key, _decrypt_password(args))
+    if args.key is not None:
+        raise InputError("--key: encrypted artifacts do not run through RPC (TVM's RPC server loads plain "
+                         "libraries, over an unencrypted channel); run it on the board with `forge run`")
+    with err.status(f"Loading {args.artifact} on a device of key {remote.key!r} ({remote.tracker})"):
+        return Runtime.remote(args.artifact, remote.tracker, remote.key, timeout=remote.timeout)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
     if args.save_outputs:
         check_directory_writable(args.save_outputs)
     inputs = [_load_npy(path) for path in args.input or ()]
-    password = _decrypt_password(args)
-    with err.status(f"Loading {args.artifact}"):
-        runtime = Runtime(args.artifact, args.key, password)
+    runtime = _open_runtime(args)
+    remote = args.rpc_tracker is not None
     if args.input:
         arrays = inputs
     else:
         arrays = runtime.example_inputs(seed=args.seed)
     outputs = runtime.infer(*arrays)
-    runtime.warm_up(args.warmup)
-    # Every page of the timings is written before the first run: a long --repeat (a soak) keeps one
-    # resident size from its start to its end, so a leak shows as growth (benchmarks/runtime_soak.py).
-    latencies_ms = np.full(args.repeat, np.nan)
-    for index in range(args.repeat):
-        started = time.perf_counter()
-        runtime.infer(*arrays)
-        latencies_ms[index] = (time.perf_counter() - started) * 1000
+    if remote:  # timed on the device's clock: TVM's time evaluator, the first run not counted
+        latencies_ms = runtime.latencies(*arrays, repeat=args.repeat)
+    else:
+        runtime.warm_up(args.warmup)
+        # Every page of the timings is written before the first run: a long --repeat (a soak) keeps one
+        # resident size from its start to its end, so a leak shows as growth (benchmarks/runtime_soak.py).
+        latencies_ms = np.full(args.repeat, np.nan)
+        for index in range(args.repeat):
+            started = time.perf_counter()
+            runtime.infer(*arrays)
+            latencies_ms[index] = (time.perf_counter() - started) * 1000
     if args.save_outputs:  # all files or none; other files in the directory stay
         staged = StagedDirectory(args.save_outputs, replace=False)
         with staged as directory:
@@ -416,7 +448,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         report = {
             "uuid": runtime.uuid,
             "device_type": runtime.device_type,
-            "threads": runtime.num_threads,
+            "threads": None if remote else runtime.num_threads,
+            "remote": {"tracker": args.rpc_tracker, "key": args.rpc_key} if remote else None,
             "outputs": [
                 {"name": n, "shape": list(o.shape), "dtype": str(o.dtype)}
                 for n, o in zip(runtime.output_names, outputs)
@@ -426,7 +459,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         }
         out.print(json.dumps(report), markup=False)
         return 0
-    out.print(f"Artifact {runtime.uuid} on {runtime.device_type} ({runtime.num_threads} threads)")
+    if remote:
+        out.print(f"Artifact {runtime.uuid} on {runtime.device_type} of a device of key {args.rpc_key!r} "
+                  f"({args.rpc_tracker}); latency timed on the device")
+    else:
+        out.print(f"Artifact {runtime.uuid} on {runtime.device_type} ({runtime.num_threads} threads)")
     table = Table("output", "shape", "dtype", "min", "max", "mean")
     for name, value in zip(runtime.output_names, outputs):
         numeric = value.astype(np.float64) if value.size else np.zeros(1)
@@ -438,6 +475,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         from forge_core.runtime.profiling import format_profile
 
         out.print(format_profile(runtime.profile(*arrays, repeat=args.repeat)), markup=False)
+    return 0
+
+
+def cmd_rpc_server(args: argparse.Namespace) -> int:
+    from forge_core.remote.server import serve
+
+    serve(args.tracker, args.key, host=args.host, port=args.port, port_end=args.port_end,
+          custom_addr=args.custom_addr)
     return 0
 
 

@@ -95,6 +95,14 @@ def _exit_at_once_on_exit() -> None:
     export killed by a file size limit hung its parent's ``compile()``).
     Handlers run last-registered first, so this one, registered in the child
     after all of theirs, ends the process with status 1 before any of them.
+
+    ``exit()`` first runs the ``thread_local`` destructors of the thread that
+    calls it, before any handler: the export therefore runs in a thread of
+    the child's own (:func:`_in_a_fresh_thread`), whose thread-locals are
+    the child's. The main thread's are the parent's, among them TVM's worker
+    pool, whose destructor waits for ever on workers that a fork does not
+    copy (measured: a test worker that had run kernels hung in
+    ``pthread_cond_destroy`` under ``exit()``).
     """
     global _EXIT_HANDLER
     import ctypes
@@ -110,6 +118,25 @@ def _exit_at_once_on_exit() -> None:
     _EXIT_HANDLER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(end)
     if libc.__cxa_atexit(_EXIT_HANDLER, None, None) != 0:
         raise OSError("atexit() refused a handler in the export's child process")
+
+
+def _in_a_fresh_thread(function: Callable[[], None]) -> None:
+    """Call ``function`` in a new thread and wait for it; raise what it raised (see :func:`_exit_at_once_on_exit`)."""
+    import threading
+
+    raised: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            function()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the calling thread
+            raised.append(exc)
+
+    worker = threading.Thread(target=call, name="forge-export")
+    worker.start()
+    worker.join()
+    if raised:
+        raise raised[0]
 
 
 _PROBE_BYTES = 16 << 20
@@ -186,7 +213,7 @@ def _fork_and_wait(function: Callable[[], None], output: Path, scratch: Path) ->
             _exit_at_once_on_exit()
             tempfile.tempdir = str(scratch)
             try:
-                function()
+                _in_a_fresh_thread(function)
                 status = 0
             except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
                 blob = pickle.dumps(_describe(exc))

@@ -707,6 +707,7 @@ class IRModule(SignatureSurface):
         set_float16: bool = False,
         set_channel_layout: str | None = None,
         progress: bool = True,
+        rpc: Any = None,
     ) -> Any:
         """Tunes the model's operators for a CPU target with MetaSchedule.
 
@@ -723,10 +724,12 @@ class IRModule(SignatureSurface):
             target: A CPU target in any form ``compile()`` takes; defaults to
                 this machine. It needs a core count (``"llvm"`` has one).
             work_dir: The database directory; created, or extended when it exists.
-                The session writes into a copy beside it, read back and renamed
-                into place when complete: a failed or interrupted session (a
-                full disk, Ctrl-C) leaves the old database as it was, and
-                raises ``forge.FileAccessError`` for what could not be written.
+                The session writes into a copy beside it, each record as it is
+                measured, read back and renamed into place: a write that
+                fails (a full disk) leaves the old database as it was and
+                raises ``forge.FileAccessError``; a session stopped otherwise
+                (Ctrl-C, a tracker gone) keeps the old records and those
+                measured before it stopped.
             trials: The trial budget over all operators. 0 measures the
                 default schedules only.
             time_budget: Seconds after which tuning stops (the trials in flight
@@ -736,6 +739,21 @@ class IRModule(SignatureSurface):
             set_float16: As in ``compile()``.
             set_channel_layout: As in ``compile()``.
             progress: Show a progress bar on the terminal.
+            rpc: Measure on remote boards instead of this machine: a
+                ``forge.RemoteDevices`` (or a mapping with its fields:
+                ``{"tracker": "host:9190", "key": "rpi5"}``). Candidates are
+                built here for ``target`` (cross-compiled) and measured on
+                every device of the key registered with TVM's RPC tracker,
+                one candidate a device, all in parallel. A device that
+                disconnects fails its candidate and tuning goes on with the
+                others; the database is written as results arrive, and a
+                session that stops early (the tracker gone, Ctrl-C) keeps what
+                it measured.
+
+        Raises:
+            forge.TrackerUnreachableError: The tracker does not answer within
+                ``rpc``'s ``timeout`` (checked before any work).
+            forge.RemoteDeviceError: The tracker has no device of the key.
 
         Returns:
             A ``forge_core.tuning.TuningReport``: tasks, trials, time, and each
@@ -751,7 +769,7 @@ class IRModule(SignatureSurface):
         with progress_bar(enabled=progress) as report:
             result = tune_module(
                 self, target, work_dir=work_dir, trials=trials, time_budget=time_budget,
-                trials_per_task=trials_per_task, options=options, progress=report,
+                trials_per_task=trials_per_task, options=options, progress=report, rpc=rpc,
             )
         self.tuning_database = work_dir
         return result

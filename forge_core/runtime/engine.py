@@ -25,13 +25,13 @@ from forge_core.runtime.library_file import (
 )
 from forge_core.runtime.outputs import outputs_to_numpy, to_device
 from forge_core.runtime.profiling import FunctionTime, profile_calls
-from forge_core.runtime.signature import DYNAMIC_DIM, SignatureSurface, TensorSpec, check_inputs
+from forge_core.runtime.signature import SignatureSurface, TensorSpec, check_inputs, random_inputs
 from forge_core.runtime.vm_threads import VMSessions
 
 _DEVICES = {"cpu": tvm.cpu, "cuda": tvm.cuda}
 
 
-def _cross_check_metadata_file(library: Path, data: bytes, document: dict[str, Any]) -> None:
+def cross_check_metadata_file(library: Path, data: bytes, document: dict[str, Any]) -> None:
     """``model_metadata.json`` beside the library, when present, must describe this very library."""
     side = library.parent / schema.METADATA_FILE
     if not side.is_file():
@@ -117,7 +117,7 @@ class Runtime(SignatureSurface):
                     "damaged, or it is another file. Copy it again from the compile output."
                 ) from None
             raise
-        _cross_check_metadata_file(path, file_bytes, document)
+        cross_check_metadata_file(path, file_bytes, document)
         if not encrypted and (key_path is not None or password is not None):
             given = "a key file" if key_path is not None else "a password"
             warnings.warn(f"{str(path)!r} is not encrypted; {given} was given and is ignored",
@@ -156,6 +156,37 @@ class Runtime(SignatureSurface):
         self._inputs = [TensorSpec.from_json(spec) for spec in document["inputs"]]
         self._outputs = [TensorSpec.from_json(spec) for spec in document["outputs"]]
 
+    @staticmethod
+    def remote(library_path: str | os.PathLike[str], tracker: str, key: str, *, timeout: float = 10.0,
+               session_timeout: float = 0, priority: int = 1) -> Any:
+        """Run the artifact on a remote board, through TVM's RPC tracker.
+
+        The library (built for the board: ``compile(target="raspberry-pi/5")``)
+        is checked here, sent to a free device registered under ``key`` and
+        loaded there. The returned
+        :class:`~forge_core.remote.runtime.RemoteRuntime` has ``infer``,
+        ``profile``, ``example_inputs`` and the signature properties of a
+        ``Runtime``, and ``latencies()``, timed on the board's clock.
+
+        Args:
+            library_path: The ``model_library.so`` file, or its directory.
+            tracker: The RPC tracker, ``"host:port"``.
+            key: The device key the board's RPC server registered under.
+            timeout: Seconds to wait for the tracker to answer.
+            session_timeout: Seconds after which the board ends the session (0: never).
+            priority: The tracker's priority for the request.
+
+        Raises:
+            forge.TrackerUnreachableError: Nothing answers at ``tracker`` within ``timeout``.
+            forge.RemoteDeviceError: The tracker has no device of ``key`` (the
+                error lists the keys it has), the board cannot load the
+                library, or the session is lost.
+        """
+        from forge_core.remote.runtime import RemoteRuntime
+
+        return RemoteRuntime(library_path, tracker, key, timeout=timeout, session_timeout=session_timeout,
+                             priority=priority)
+
     # -- running ------------------------------------------------------------
 
     def infer(self, *arrays: Any) -> list[np.ndarray]:
@@ -189,17 +220,7 @@ class Runtime(SignatureSurface):
 
     def example_inputs(self, seed: int = 0) -> list[np.ndarray]:
         """Random inputs matching the signature (dynamic dimensions set to 1)."""
-        rng = np.random.default_rng(seed)
-        arrays = []
-        for spec in self._inputs:
-            shape = tuple(1 if d == DYNAMIC_DIM else d for d in (spec.shape or ()))
-            if np.issubdtype(np.dtype(spec.dtype), np.floating):
-                arrays.append(rng.standard_normal(shape).astype(spec.dtype))
-            elif spec.dtype == "bool":
-                arrays.append(rng.integers(0, 2, shape).astype(bool))
-            else:
-                arrays.append(rng.integers(0, 2, shape).astype(spec.dtype))
-        return arrays
+        return random_inputs(self._inputs, seed)
 
     def warm_up(self, n: int = 10) -> None:
         """Run the model ``n`` times on random inputs, so later timings are steady."""

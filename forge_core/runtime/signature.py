@@ -152,3 +152,18 @@ def check_inputs(specs: Sequence[TensorSpec], arrays: Sequence[Any]) -> list[np.
             value = np.require(value, requirements="C")  # ascontiguousarray would make 0-d arrays 1-d
         checked.append(value)
     return checked
+
+
+def random_inputs(specs: Sequence[TensorSpec], seed: int = 0) -> list[np.ndarray]:
+    """Random arrays matching ``specs`` (dynamic dimensions set to 1): normal floats, integers 0 or 1."""
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for spec in specs:
+        shape = tuple(1 if d == DYNAMIC_DIM else d for d in (spec.shape or ()))
+        if np.issubdtype(np.dtype(spec.dtype), np.floating):
+            arrays.append(rng.standard_normal(shape).astype(spec.dtype))
+        elif spec.dtype == "bool":
+            arrays.append(rng.integers(0, 2, shape).astype(bool))
+        else:
+            arrays.append(rng.integers(0, 2, shape).astype(spec.dtype))
+    return arrays

@@ -8,11 +8,13 @@ intrinsics.
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from typing import Any
 
 import tvm
+from tvm.s_tir import meta_schedule as ms
 
 
 def build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params: dict[str, Any] | None) -> Any:
@@ -24,7 +26,7 @@ def build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params: dict[
 
 
 def export_candidate(scratch: str, mod: Any) -> str:
-    """MetaSchedule's default export, into a directory under ``scratch`` (removed after the session).
+    """MetaSchedule's default export (a tar of objects, linked by the runner here), under ``scratch``.
 
     The default makes a new temporary directory per candidate and never
     removes it: a session of 2000 trials would leave 2000 in the system's.
@@ -34,3 +36,19 @@ def export_candidate(scratch: str, mod: Any) -> str:
     path = os.path.join(tempfile.mkdtemp(dir=scratch), "tvm_tmp_mod." + tar.output_format)
     mod.export_library(path, fcompile=tar)
     return path
+
+
+def export_linked_candidate(scratch: str, target: str, mod: Any) -> str:
+    """A candidate linked here into a shared library for ``target``'s machine: a board needs no compiler."""
+    from forge_core.compiler.toolchain import toolchain_for
+
+    path = os.path.join(tempfile.mkdtemp(dir=scratch), "candidate.so")
+    mod.export_library(path, fcompile=toolchain_for(tvm.target.Target(target)).fcompile)
+    return path
+
+
+def make_builder(target: tvm.target.Target, scratch: str, remote: bool) -> Any:
+    """The candidate builder: objects for the local runner, linked libraries for a board."""
+    export = (functools.partial(export_linked_candidate, scratch, str(target)) if remote
+              else functools.partial(export_candidate, scratch))
+    return ms.builder.LocalBuilder(f_build=build_candidate, f_export=export)

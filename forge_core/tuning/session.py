@@ -7,13 +7,17 @@ slower than what compiling without tuning gives.
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import gc
+import importlib
+import importlib.util
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,9 +34,12 @@ from forge_core.ir import weights
 from forge_core.schedules.apply import SCHEDULED_ATTR, default_rules
 from forge_core.schedules.blocks import is_static
 from forge_core.targets.parsing import resolve_target
-from forge_core.tuning.builder import build_candidate, export_candidate
+from forge_core.errors import FileAccessError
 from forge_core.files import StagedDirectory
 from forge_core.tuning.database import check_database_directory, check_written, open_database
+from forge_core.tuning.builder import make_builder
+from forge_core.remote.devices import RemoteDevices
+from forge_core.tuning.runners import device_count, make_runner
 
 if TYPE_CHECKING:
     from forge_core.ir.module import IRModule
@@ -63,6 +70,12 @@ class TuningReport:
     tasks: list[TaskResult] = field(default_factory=list)
     records: int = 0
     """Tuning records the database holds after the session."""
+    failed: int = 0
+    """Candidates whose build or measurement failed (a device that disconnected, a timeout)."""
+    first_failure: str | None = None
+    """The first of those failures' messages."""
+    devices: str = "this machine"
+    """Where the candidates were measured."""
 
     @property
     def estimated_speedup(self) -> float | None:
@@ -75,8 +88,9 @@ class TuningReport:
     def summary(self) -> str:
         speedup = self.estimated_speedup
         lines = [
-            f"Tuned {len(self.tasks)} tasks with {self.trials} trials in {self.seconds:.0f} s"
+            f"Tuned {len(self.tasks)} tasks with {self.trials} trials in {self.seconds:.0f} s on {self.devices}"
             f"{' (time budget reached)' if self.stopped_by_time else ''}; database {self.database}",
+            f"{self.failed} candidates failed; the first: {self.first_failure}" if self.failed else "",
             f"Estimated operator-time speedup over the default schedules: {speedup:.2f}x" if speedup else "",
         ]
         for task in self.tasks:
@@ -107,12 +121,25 @@ class _BudgetAndProgress(ms.measure_callback.PyMeasureCallback):
         self.progress = progress
         self.trials = 0
         self.stopped = False
+        self.failed = 0
+        self.first_failure: str | None = None
+        self.interrupted = False  # Ctrl-C inside this callback: TVM's FFI hands it back as a RuntimeError
 
     def apply(self, task_scheduler: Any, task_id: int, measure_candidates: Any, builder_results: Any,
               runner_results: Any) -> None:
         self.trials += len(runner_results)
+        for built, result in zip(builder_results, runner_results):
+            error = built.error_msg or result.error_msg
+            if error:
+                self.failed += 1
+                if self.first_failure is None:
+                    self.first_failure = _first_line(str(error))
         if self.progress is not None:
-            self.progress(self.trials, self.total, f"task {task_id}")
+            try:
+                self.progress(self.trials, self.total, f"task {task_id}")
+            except KeyboardInterrupt:
+                self.interrupted = True
+                raise
         if self.deadline is not None and time.monotonic() > self.deadline and not self.stopped:
             self.stopped = True
             # MetaSchedule builds every task's batch before it collects the first one: with
@@ -123,6 +150,15 @@ class _BudgetAndProgress(ms.measure_callback.PyMeasureCallback):
                 if other != task_id and not record.is_terminated and record.measure_candidates is not None:
                     task_scheduler.join_running_task(other)
             raise _BudgetReached(f"forge: tuning time budget reached after {self.trials} trials")
+
+
+def _first_line(error: str) -> str:
+    """A runner's or builder's error in one line: its first line, and its last that names an error."""
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    if not lines:
+        return error[:300]
+    named = [line for line in lines[1:] if "Error" in line or "error" in line]
+    return (lines[0] if not named else f"{lines[0].rstrip(':')}: {named[-1]}")[:300]
 
 
 def _run_secs(result: Any) -> float | None:
@@ -169,6 +205,53 @@ def _seed_defaults(tasks: list[Any], target: tvm.target.Target, database: Any, b
     return measured
 
 
+_INTRINSICS = "tvm.s_tir.tensor_intrin"
+
+
+@contextlib.contextmanager
+def cpu_tensor_intrinsics() -> Any:
+    """TVM's CPU tensor intrinsics (x86, Arm) for the search, without the rest of ``tensor_intrin``.
+
+    MetaSchedule's ``TuneContext`` imports the whole package, whose CUDA and
+    ROCm halves parse some 250 TVMScript functions; each parse walks the call
+    stack and every loaded module (``inspect.stack``), so in a process that
+    has loaded torch and TensorFlow the import took most of a short session
+    (measured: 59 s of a 73 s profile of 8 trials). Within this block the
+    package is a stub that holds only the CPU submodules; afterwards a real
+    import of the package (GPU work) runs as it would have, those two reused.
+    """
+    if _INTRINSICS in sys.modules:
+        yield
+        return
+    spec = importlib.util.find_spec(_INTRINSICS)
+    stub = types.ModuleType(_INTRINSICS)
+    stub.__path__ = list(spec.submodule_search_locations or [])
+    stub.__spec__ = spec
+    stub.__package__ = _INTRINSICS
+    sys.modules[_INTRINSICS] = stub
+    try:
+        importlib.import_module(f"{_INTRINSICS}.x86")
+        importlib.import_module(f"{_INTRINSICS}.arm_cpu")
+        yield
+    finally:
+        if sys.modules.get(_INTRINSICS) is stub:
+            del sys.modules[_INTRINSICS]
+
+
+def search_strategy(trials_per_task: int) -> Any:
+    """MetaSchedule's evolutionary search, its population sized to the trials a task can get.
+
+    TVM's default evolves 512 schedules a round, scoring each with the cost
+    model, whatever the budget: with a few trials a task, that search, not
+    building or measuring, took most of the session (measured: 4 trials of a
+    one-matmul model spent 30 s searching). Forge keeps 512 from 32 trials a
+    task up, and 16 schedules a trial below (at least 64).
+    """
+    population = int(min(512, max(64, 16 * trials_per_task)))
+    return ms.search_strategy.EvolutionarySearch(population_size=population,
+                                                 init_min_unmeasured=min(50, population // 4))
+
+
 # Packages MetaSchedule's search imports without TVM declaring them: the extra ``tune``
 _SEARCH_PACKAGES = ("psutil", "xgboost", "cloudpickle", "tornado")
 
@@ -194,6 +277,7 @@ def tune_module(
     trials_per_task: int | None = None,
     options: CompileOptions | None = None,
     progress: Progress | None = None,
+    rpc: RemoteDevices | dict[str, Any] | None = None,
 ) -> TuningReport:
     """Tune ``ir``'s operators for ``target``; see :meth:`forge.IRModule.tune`."""
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 0:
@@ -207,18 +291,25 @@ def tune_module(
     if not tvm_target.attrs.get("num-cores"):
         raise ForgeError(f"Tuning needs the target's core count: add -num-cores=N to {target!r}")
     options = options or CompileOptions.validate()
+    remote = RemoteDevices.of(rpc) if rpc is not None else None
     started = time.monotonic()
     directory = Path(work_dir)
     check_database_directory(directory)
-    # The session writes into a copy of the database beside it, renamed into place once complete and
-    # read back: a failure (a full disk, an interrupt) leaves the old database as it was, never a part.
+    workers = device_count(remote) if remote is not None else 1  # an unreachable tracker fails here, at once
+    # The session writes into a copy of the database beside it, each record as it is measured; the copy
+    # is read back and renamed into place. A write that failed (a full disk) leaves the old database as it
+    # was, never a part; any other failure (an interrupt, a tracker gone) keeps what was measured.
     stage = StagedDirectory(directory, replace=True, seed=True)
     scratch = tempfile.mkdtemp(prefix="forge-tune-")  # the candidates built and measured
     try:
         with stage as staged:
-            report = _tune_into(ir, tvm_target, staged, trials=trials, time_budget=time_budget,
-                                trials_per_task=trials_per_task, options=options, progress=progress,
-                                started=started, scratch=scratch)
+            try:
+                report = _tune_into(ir, tvm_target, staged, trials=trials, time_budget=time_budget,
+                                    trials_per_task=trials_per_task, options=options, progress=progress,
+                                    started=started, scratch=scratch, remote=remote, workers=workers)
+            except BaseException as exc:
+                _keep_measured(stage, staged, directory, exc)
+                raise
             check_written(staged, report.records, shown=directory)
             stage.commit()
     finally:
@@ -227,26 +318,29 @@ def tune_module(
     return report
 
 
-def _tune_into(ir: IRModule, tvm_target: tvm.target.Target, directory: Path, *, trials: int,
-               time_budget: float | None, trials_per_task: int | None, options: CompileOptions,
-               progress: Progress | None, started: float, scratch: str) -> TuningReport:
-    database = open_database(directory, create=True)
+def _keep_measured(stage: StagedDirectory, staged: Path, directory: Path, exc: BaseException) -> None:
+    """After a failure that is not a failed write, move the staged database (old records and new) into place.
 
-    mod = prepare_graph(weights.bind_params(ir.mod, ir.params), options, tvm_target)
-    mod = lower_to_tir(mod, tvm_target, options.opt_level)
-    # A function its emitter already scheduled (tirx.is_scheduled: a hand-written kernel) is not a task.
-    extracted = [t for t in ms.relax_integration.extract_tasks(mod, tvm_target)
-                 if SCHEDULED_ATTR not in (t.dispatched[0]["main"].attrs or {}) and is_static(t.dispatched[0]["main"])]
-    logger.info("%d tunable tasks", len(extracted))
+    Only when it reads back whole: each record is one line, appended as it is measured.
+    """
+    if isinstance(exc, OSError | MemoryError):
+        return
+    try:
+        found = len(open_database(staged, create=False))
+    except Exception:  # noqa: BLE001 - TVM's parser fails on a truncated line with its own errors
+        return
+    try:
+        stage.commit()
+    except FileAccessError:
+        return
+    logger.warning("tuning stopped (%s); the database %s keeps the %d records measured before",
+                   type(exc).__name__, directory, found)
 
-    builder = ms.builder.LocalBuilder(f_build=build_candidate, f_export=functools.partial(export_candidate, scratch))
-    runner = ms.runner.LocalRunner(evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20))
-    if progress is not None:
-        progress(0, trials, "measuring the default schedules")
-    defaults = _seed_defaults(extracted, tvm_target, database, builder, runner)
 
-    callback = _BudgetAndProgress(started + time_budget if time_budget else None, trials, progress)
-    if trials > 0 and extracted:
+def _search(extracted: list[Any], directory: Path, *, trials: int, trials_per_task: int | None, builder: Any,
+            runner: Any, database: Any, callback: _BudgetAndProgress) -> None:
+    """MetaSchedule's search over the tasks, within the budget ``callback`` checks."""
+    with cpu_tensor_intrinsics():
         ms_logger = logging.getLogger("tvm.s_tir.meta_schedule")
         # TVM rebuilds this logger's configuration by handler name, and fails on a
         # handler that has none (test runners and applications attach such handlers).
@@ -255,7 +349,8 @@ def _tune_into(ir: IRModule, tvm_target: tvm.target.Target, directory: Path, *, 
             ms_logger.removeHandler(handler)
         try:
             contexts, task_weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
-                extracted, str(directory / "logs"), seed=0)
+                extracted, str(directory / "logs"), seed=0,
+                strategy=search_strategy(trials_per_task or -(-trials // len(extracted))))
         finally:
             for handler in unnamed:
                 ms_logger.addHandler(handler)
@@ -275,11 +370,38 @@ def _tune_into(ir: IRModule, tvm_target: tvm.target.Target, directory: Path, *, 
                 measure_callbacks=[*ms.MeasureCallback.create("default"), callback],
             )
         except Exception:  # the budget's exception arrives wrapped by TVM's FFI
+            if callback.interrupted:
+                raise KeyboardInterrupt from None
             if not callback.stopped:
                 raise
             logger.info("time budget reached after %d trials", callback.trials)
         finally:
             ms_logger.setLevel(level)
+
+
+def _tune_into(ir: IRModule, tvm_target: tvm.target.Target, directory: Path, *, trials: int,
+               time_budget: float | None, trials_per_task: int | None, options: CompileOptions,
+               progress: Progress | None, started: float, scratch: str, remote: RemoteDevices | None,
+               workers: int) -> TuningReport:
+    database = open_database(directory, create=True)
+
+    mod = prepare_graph(weights.bind_params(ir.mod, ir.params), options, tvm_target)
+    mod = lower_to_tir(mod, tvm_target, options.opt_level)
+    # A function its emitter already scheduled (tirx.is_scheduled: a hand-written kernel) is not a task.
+    extracted = [t for t in ms.relax_integration.extract_tasks(mod, tvm_target)
+                 if SCHEDULED_ATTR not in (t.dispatched[0]["main"].attrs or {}) and is_static(t.dispatched[0]["main"])]
+    logger.info("%d tunable tasks", len(extracted))
+
+    builder = make_builder(tvm_target, scratch, remote is not None)
+    runner = make_runner(remote, workers)
+    if progress is not None:
+        progress(0, trials, "measuring the default schedules")
+    defaults = _seed_defaults(extracted, tvm_target, database, builder, runner)
+
+    callback = _BudgetAndProgress(started + time_budget if time_budget else None, trials, progress)
+    if trials > 0 and extracted:
+        _search(extracted, directory, trials=trials, trials_per_task=trials_per_task, builder=builder,
+                runner=runner, database=database, callback=callback)
 
     del builder, runner  # their worker processes would otherwise compete with what runs next
     gc.collect()
@@ -296,4 +418,7 @@ def _tune_into(ir: IRModule, tvm_target: tvm.target.Target, directory: Path, *, 
     report = TuningReport(directory, str(tvm_target), callback.trials, time.monotonic() - started,
                           callback.stopped, results)
     report.records = len(database)
+    report.failed, report.first_failure = callback.failed, callback.first_failure
+    if remote is not None:
+        report.devices = f"{workers} device{'s' if workers > 1 else ''} of key {remote.key!r} ({remote.tracker})"
     return report
