@@ -58,7 +58,7 @@ def tune_once(label: str, trials: int, channels: int, rpc: dict | None, work: Pa
     row = {
         "config": label, "trials": report.trials, "failed": report.failed, "seconds": seconds,
         "per_minute": report.trials / seconds * 60,
-        **{phase: sum(v for k, v in phases.items() if k == phase or k.startswith(phase + "/")) for phase in PHASES},
+        **{phase: sum(float(v) for k, v in phases.items() if k == phase or k.startswith(phase + "/")) for phase in PHASES},
     }
     print(f"{label:8s} {report.trials:4d} trials ({report.failed} failed) in {seconds:6.1f} s: "
           f"{row['per_minute']:6.1f} candidates/min; build {row['SendToBuilder']:.1f} s, "

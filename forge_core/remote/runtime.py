@@ -9,12 +9,10 @@ them.
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import os
 import threading
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,16 +23,16 @@ from forge_core.errors import ForgeError, RemoteDeviceError
 from forge_core.remote.server import PROFILE_FUNCTION
 from forge_core.remote.tracker import DEFAULT_TIMEOUT, TrackerAddress, open_session
 from forge_core.runtime import metadata as schema
-from forge_core.runtime.engine import cross_check_metadata_file
+from forge_core.runtime.engine import LoadedArtifact, cross_check_metadata_file
 from forge_core.runtime.library_file import elf_machine
 from forge_core.runtime.outputs import outputs_to_numpy
 from forge_core.runtime.profiling import FunctionTime
-from forge_core.runtime.signature import SignatureSurface, TensorSpec, check_inputs, random_inputs
+from forge_core.runtime.signature import TensorSpec, check_inputs, random_inputs
 
 logger = logging.getLogger("forge.remote")
 
 
-class RemoteRuntime(SignatureSurface):
+class RemoteRuntime(LoadedArtifact):
     """A compiled library running on a remote device; made by :meth:`forge.Runtime.remote`.
 
     Args:
@@ -179,37 +177,6 @@ class RemoteRuntime(SignatureSurface):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # -- what the library is ------------------------------------------------
-
-    def get_metadata(self) -> dict[str, Any]:
-        """The artifact's metadata, as :meth:`forge.Runtime.get_metadata` gives it."""
-        import hashlib
-
-        library = self._metadata["library"]
-        if library["sha256"] is None:
-            library["sha256"] = hashlib.sha256(Path(library["file"]).read_bytes()).hexdigest()
-        return copy.deepcopy(self._metadata)
-
-    @property
-    def uuid(self) -> str:
-        """The artifact's uuid, read from inside the library."""
-        return str(self._metadata["uuid"])
-
-    @property
-    def device_type(self) -> str:
-        """``"cpu"`` or ``"cuda"``: the board's device the model runs on."""
-        return str(self._metadata.get("device_type", "cpu"))
-
-    @property
-    def input_specs(self) -> list[TensorSpec]:
-        """Name, shape and dtype of each input, as the metadata records them."""
-        return list(self._inputs)
-
-    @property
-    def output_specs(self) -> list[TensorSpec]:
-        """Name, shape and dtype of each output, as the metadata records them."""
-        return list(self._outputs)
 
     def __repr__(self) -> str:
         return (f"<forge RemoteRuntime {str(self._path)!r} uuid={self.uuid} key={self.key!r} "

@@ -57,7 +57,49 @@ def cross_check_metadata_file(library: Path, data: bytes, document: dict[str, An
         )
 
 
-class Runtime(SignatureSurface):
+class LoadedArtifact(SignatureSurface):
+    """What a loaded artifact's metadata says, shared by :class:`Runtime` and the remote runtime.
+
+    A subclass sets ``_metadata`` (the embedded document, its ``library`` entry
+    ``{"file": path, "sha256": None}``), ``_inputs`` and ``_outputs``.
+    """
+
+    _metadata: dict[str, Any]
+    _inputs: list[TensorSpec]
+    _outputs: list[TensorSpec]
+
+    def get_metadata(self) -> dict[str, Any]:
+        """The artifact's metadata (see ``forge_core.runtime.metadata``), with the library file's SHA-256.
+
+        The SHA-256 is of the file at ``library.file``, read on the first call.
+        """
+        library = self._metadata["library"]
+        if library["sha256"] is None:  # on demand (loading checks the library's own checksum, a cheaper one)
+            library["sha256"] = hashlib.sha256(Path(library["file"]).read_bytes()).hexdigest()
+        return copy.deepcopy(self._metadata)
+
+    @property
+    def uuid(self) -> str:
+        """The artifact's uuid, read from inside the library."""
+        return str(self._metadata["uuid"])
+
+    @property
+    def device_type(self) -> str:
+        """``"cpu"`` or ``"cuda"``."""
+        return str(self._metadata.get("device_type", "cpu"))
+
+    @property
+    def input_specs(self) -> list[TensorSpec]:
+        """Name, shape and dtype of each input, as the metadata records them."""
+        return list(self._inputs)
+
+    @property
+    def output_specs(self) -> list[TensorSpec]:
+        """Name, shape and dtype of each output, as the metadata records them."""
+        return list(self._outputs)
+
+
+class Runtime(LoadedArtifact):
     """Load a library that ``IRModule.compile()`` produced, and run it.
 
     Args:
@@ -229,38 +271,6 @@ class Runtime(SignatureSurface):
         inputs = self.example_inputs()
         for _ in range(n):
             self.infer(*inputs)
-
-    # -- what the library is ----------------------------------------------------
-
-    def get_metadata(self) -> dict[str, Any]:
-        """The artifact's metadata (see ``forge_core.runtime.metadata``), with the library file's SHA-256.
-
-        The SHA-256 is of the file at ``library.file``, read on the first call.
-        """
-        library = self._metadata["library"]
-        if library["sha256"] is None:  # on demand (loading checks the library's own checksum, a cheaper one)
-            library["sha256"] = hashlib.sha256(Path(library["file"]).read_bytes()).hexdigest()
-        return copy.deepcopy(self._metadata)
-
-    @property
-    def uuid(self) -> str:
-        """The artifact's uuid, read from inside the library."""
-        return str(self._metadata["uuid"])
-
-    @property
-    def device_type(self) -> str:
-        """``"cpu"`` or ``"cuda"``."""
-        return str(self._metadata.get("device_type", "cpu"))
-
-    @property
-    def input_specs(self) -> list[TensorSpec]:
-        """Name, shape and dtype of each input, as the metadata records them."""
-        return list(self._inputs)
-
-    @property
-    def output_specs(self) -> list[TensorSpec]:
-        """Name, shape and dtype of each output, as the metadata records them."""
-        return list(self._outputs)
 
     def __repr__(self) -> str:
         ins = ", ".join(s.describe() for s in self._inputs)
