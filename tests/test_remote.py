@@ -284,3 +284,15 @@ def test_candidates_for_a_board_are_linked_here_for_its_machine(tmp_path):
         [ms.builder.BuilderInput(tvm.IRModule({"main": func}), target)])
     assert built.error_msg is None, built.error_msg
     assert built.artifact_path.endswith(".so") and elf_machine(Path(built.artifact_path).read_bytes()) == "aarch64"
+
+
+def test_forge_tune_checks_its_rpc_options_and_the_tracker_before_tuning(tmp_path):
+    onnx.save(small_dense(), str(tmp_path / "dense.onnx"))
+    done = forge_cli("tune", tmp_path / "dense.onnx", "--devices", 2, "--db", tmp_path / "db")
+    assert done.returncode == 1 and "--devices needs --rpc-tracker HOST:PORT" in done.stderr, done.stderr
+    refused = free_port()
+    done = forge_cli("tune", tmp_path / "dense.onnx", "--db", tmp_path / "db", "--trials", 4,
+                     "--rpc-tracker", f"127.0.0.1:{refused}", "--rpc-key", KEY, "--rpc-timeout", 2)
+    assert done.returncode == 1, done.stderr
+    assert f"forge: error: cannot reach the RPC tracker at 127.0.0.1:{refused}: connection refused" in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dense.onnx"]  # no database begun
