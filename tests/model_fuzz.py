@@ -64,6 +64,8 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
+
+from forge_onnx.conformance.runner import describe_exit
 from typing import Any, TextIO
 
 TESTS = Path(__file__).resolve().parent
@@ -255,15 +257,6 @@ def _kill(process: subprocess.Popen[bytes]) -> None:
     process.wait()
 
 
-def _describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
-
-
 def _tail(path: Path, offset: int, size: int = 3000) -> str:
     with path.open("rb") as f:
         f.seek(max(offset, f.seek(0, os.SEEK_END) - size))
@@ -315,7 +308,7 @@ def run_share(cases: Sequence[Result], plan_path: Path, stderr_path: Path, timeo
                     if running is None and start >= len(cases):
                         break
                     index = start if running is None else running
-                    record(index, {"outcome": "crash", "message": _describe_exit(code)
+                    record(index, {"outcome": "crash", "message": describe_exit(code)
                                    + (f" (phase {phase})" if phase else "")
                                    + ("" if running is not None else ", before the case started"),
                                    "returncode": code, "phase": phase, "stderr": _tail(stderr_path, offset)})

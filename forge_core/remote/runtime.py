@@ -21,7 +21,7 @@ from tvm import relax
 
 from forge_core.errors import ForgeError, RemoteDeviceError
 from forge_core.remote.server import PROFILE_FUNCTION
-from forge_core.remote.tracker import DEFAULT_TIMEOUT, TrackerAddress, open_session
+from forge_core.remote.tracker import DEFAULT_TIMEOUT, TrackerAddress, last_line, open_session
 from forge_core.runtime import metadata as schema
 from forge_core.runtime.engine import LoadedArtifact, cross_check_metadata_file
 from forge_core.runtime.library_file import elf_machine
@@ -97,7 +97,7 @@ class RemoteRuntime(LoadedArtifact):
                 built_for = elf_machine(data) or "an unknown machine"
                 raise RemoteDeviceError(
                     f"the device of key {key!r} could not load {str(path)!r}, built for {built_for}: "
-                    f"{_last_line(exc)}. Compile for the board's target (forge tags lists them)."
+                    f"{last_line(exc)}. Compile for the board's target (forge tags lists them)."
                 ) from None
             self._vm = relax.VirtualMachine(self._library, self._device)
             self._vm._get_function_arity("main")  # no ``main``: fails here, not later
@@ -108,9 +108,12 @@ class RemoteRuntime(LoadedArtifact):
 
     # -- running ------------------------------------------------------------
 
+    def _remote_args(self, arrays: tuple[Any, ...]) -> list[Any]:
+        """The inputs checked against the signature and copied to the device."""
+        return [tvm.runtime.tensor(np.ascontiguousarray(a), self._device) for a in check_inputs(self._inputs, arrays)]
+
     def _set_inputs(self, arrays: tuple[Any, ...]) -> None:
-        checked = check_inputs(self._inputs, arrays)
-        self._vm.set_input("main", *[tvm.runtime.tensor(np.ascontiguousarray(a), self._device) for a in checked])
+        self._vm.set_input("main", *self._remote_args(arrays))
 
     def infer(self, *arrays: Any) -> list[np.ndarray]:
         """Run the model on the board on numpy arrays (positionally); its outputs, brought back as numpy arrays."""
@@ -153,8 +156,7 @@ class RemoteRuntime(LoadedArtifact):
                     f"with `forge rpc-server --tracker {self.tracker} --key {self.key}` for a per-function "
                     "profile (latencies() and `forge run` time the whole model with either server)"
                 ) from None
-            checked = check_inputs(self._inputs, arrays or tuple(self.example_inputs()))
-            args = [tvm.runtime.tensor(np.ascontiguousarray(a), self._device) for a in checked]
+            args = self._remote_args(arrays or tuple(self.example_inputs()))
             rows = json.loads(str(function(self._library, repeat, *args)))
         rules = dict(schedules.get("rules", {}))
         fallbacks = set(schedules.get("fallbacks", ()))
@@ -199,11 +201,7 @@ class _lost_session:
         if isinstance(exc, tvm.error.TVMError | OSError | RuntimeError):
             raise RemoteDeviceError(
                 f"the session on the device of key {self.runtime.key!r} (tracker {self.runtime.tracker}) "
-                f"failed: {_last_line(exc)}"
+                f"failed: {last_line(exc)}"
             ) from exc
         return False
 
-
-def _last_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
-    return lines[-1] if lines else type(exc).__name__

@@ -158,7 +158,7 @@ class TrackerClient(rpc.TrackerSession):
             return self.request(key, priority=priority, session_timeout=session_timeout, max_retry=3)
         except (OSError, RuntimeError) as exc:
             raise RemoteDeviceError(
-                f"no session on a device of key {key!r} through the tracker at {self.address}: {_reason(exc)}"
+                f"no session on a device of key {key!r} through the tracker at {self.address}: {last_line(exc)}"
             ) from None
         finally:
             if self._sock is not None:
@@ -186,9 +186,10 @@ def _server_key(server: dict[str, Any]) -> str:
     return str(server.get("key", "")).split(":", 1)[-1]  # "server:rpi5" -> "rpi5"
 
 
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[-1] if text else "") or type(exc).__name__
+def last_line(exc: BaseException) -> str:
+    """The last non-empty line of an error's message (TVM's errors end with the reason), or its type."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
 
 
 def _unreachable(address: TrackerAddress, timeout: float, exc: BaseException) -> TrackerUnreachableError:
@@ -199,7 +200,7 @@ def _unreachable(address: TrackerAddress, timeout: float, exc: BaseException) ->
     elif isinstance(exc, socket.gaierror):
         why = f"the host name does not resolve ({exc.strerror})"
     else:
-        why = _reason(exc)
+        why = last_line(exc)
     return TrackerUnreachableError(
         f"cannot reach the RPC tracker at {address}: {why}. Start one with `python -m tvm.exec.rpc_tracker "
         f"--host 0.0.0.0 --port {address.port}`, or check the address; Forge waits {timeout:g} s for it "

@@ -14,6 +14,16 @@ from dataclasses import dataclass
 CASE_TIMEOUT = 300.0
 
 
+def describe_exit(code: int) -> str:
+    """A process's return code in words: ``exit code 1``, ``killed by SIGSEGV``."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
 @dataclass
 class CaseResult:
     case: str
@@ -63,12 +73,7 @@ class _Worker:
         except subprocess.TimeoutExpired:
             self.process.kill()
             return "its output closed and it did not exit"
-        if code < 0:
-            try:
-                return f"killed by {signal.Signals(-code).name}"
-            except ValueError:
-                return f"killed by signal {-code}"
-        return f"exit code {code}"
+        return describe_exit(code)
 
     @property
     def alive(self) -> bool:
