@@ -116,11 +116,15 @@ def _check(mod, inputs, reference, kind, rule, target=VNNI):
         np.testing.assert_array_equal(got, reference)
     else:
         plain, _, _ = _run(mod, target, inputs, forge_build=False)
-        np.testing.assert_array_equal(got, plain)
+        # The float epilogue: LLVM may contract a residual's multiply-add into an FMA in one build and not
+        # the other, which moves a value lying on a rounding tie by one step (1 of 225,792 in the largest case).
+        steps = np.abs(got.astype(np.int64) - plain.astype(np.int64))
+        assert steps.max() <= 1 and np.count_nonzero(steps) <= max(1, got.size // 10_000), \
+            (steps.max(), np.count_nonzero(steps))
     if rule is not None:
         assert rule in rules, rules
     else:
-        assert not {"Int8Conv2dNCHW", "Int8Matmul"} & rules, rules
+        assert not {"Int8Conv2dNCHW", "Int8PointwiseConv2dNCHW", "Int8Matmul"} & rules, rules
     return executable
 
 
@@ -133,6 +137,13 @@ CONV_CASES = [
     (6, 16, 5, 5, 3, 1, 1, None),  # input channels not a multiple of 4: the generic rule
     (8, 24, 6, 6, 1, 1, 0, "Int8Conv2dNCHW"),  # 24 output channels: 8-lane (256-bit) accumulators
     (8, 20, 6, 6, 1, 1, 0, None),  # output channels not a multiple of 8: the generic rule
+    # 1x1, stride 1, 16 | H*W: pixels as lanes.
+    (16, 24, 8, 8, 1, 1, 0, "Int8PointwiseConv2dNCHW"),  # 2 vectors of pixels x 12 channels
+    (12, 20, 6, 8, 1, 1, 0, "Int8PointwiseConv2dNCHW"),  # 48 pixels: one vector; 20 channels, no 8 | F needed
+    (24, 144, 28, 28, 1, 1, 0, "Int8PointwiseConv2dNCHW"),  # MobileNetV2's expansion; rows of 28 straddled
+    (4, 16, 4, 12, 1, 1, 0, "Int8PointwiseConv2dNCHW"),  # one group of 4 input channels
+    (8, 16, 8, 8, 1, 2, 0, "Int8Conv2dNCHW"),  # stride 2: channel lanes
+    (6, 16, 8, 8, 1, 1, 0, None),  # 4 does not divide C: the generic rule
 ]
 
 
@@ -254,8 +265,10 @@ def test_quantized_conv_net_computes_in_integers(conv_net, tmp_path, per_channel
     lowered = [r.getMessage() for r in caplog.records if r.getMessage().startswith("integer lowering")]
     # Static: all but the depthwise convolution (float by design); dynamic: the dense layer and the 1x1
     # convolution (padded convolutions need a constant zero point and stay float).
+    # The depthwise convolution reads the uint8 activation when its scale and zero point are constants (static).
     assert lowered == [f"integer lowering: {5 if quant_type == 'static' else 2} quantized operator(s) computed "
-                       "as uint8 x int8 -> int32"], lowered
+                       f"as uint8 x int8 -> int32, {1 if quant_type == 'static' else 0} grouped convolution(s) "
+                       "reading uint8"], lowered
     rules = set(json.loads((tmp_path / "q" / "model_metadata.json").read_text())["schedules"]["rules"].values())
     if layout != "last":
         assert {"Int8Matmul", "Int8Conv2dNCHW"} <= rules, rules
@@ -263,6 +276,57 @@ def test_quantized_conv_net_computes_in_integers(conv_net, tmp_path, per_channel
     reference = ir.get_inference_function()
     x = samples[4]
     _assert_close_to_fake_quantized(runtime.infer(x)[0], np.asarray(reference(x)))
+
+
+class InvertedResiduals(torch.nn.Module):
+    """MobileNetV2's blocks: 1x1 expansions and projections (16 | pixels), depthwise at strides 1 and 2 after a
+    ReLU6 (uint8 zero point 0: the convolution's own padding), and one depthwise after no activation (a zero
+    point inside the range: explicit padding), a residual add."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.expand1, self.dw1, self.project1 = (torch.nn.Conv2d(16, 48, 1), torch.nn.Conv2d(48, 48, 3, padding=1,
+                                                 groups=48), torch.nn.Conv2d(48, 16, 1))
+        self.expand2, self.dw2, self.project2 = (torch.nn.Conv2d(16, 48, 1), torch.nn.Conv2d(48, 48, 3, stride=2,
+                                                 padding=1, groups=48), torch.nn.Conv2d(48, 24, 1))
+        self.dw3 = torch.nn.Conv2d(24, 24, 3, padding=1, groups=24)
+        self.fc = torch.nn.Linear(24, 10)
+
+    def forward(self, x):
+        relu6 = torch.nn.functional.relu6
+        x = relu6(self.stem(x))
+        x = x + self.project1(relu6(self.dw1(relu6(self.expand1(x)))))
+        x = self.project2(relu6(self.dw2(relu6(self.expand2(x)))))
+        return self.fc(self.dw3(x).mean((2, 3)))
+
+
+@needs_vnni
+@pytest.mark.parametrize("opt_level,per_channel", [(3, True), (1, False), (4, True)])
+def test_mobilenet_blocks_compute_in_integers_and_their_depthwise_reads_bytes(tmp_path, caplog, opt_level,
+                                                                              per_channel):
+    import json
+    import logging
+
+    torch.manual_seed(7)
+    proto = _export(InvertedResiduals().eval(), (torch.randn(1, 3, 16, 16),), ["x"])
+    rng = np.random.default_rng(8)
+    samples = [rng.standard_normal((1, 3, 16, 16)).astype(np.float32) for _ in range(5)]
+    ir = forge.from_onnx(proto)
+    ir.calibrate(samples[:4])
+    ir.quantize(per_channel=per_channel, calib_method="minmax")
+    with caplog.at_level(logging.INFO, logger="forge.quantization"):
+        ir.compile(output_path=str(tmp_path / "q"), opt_level=opt_level, export_metadata=True)
+    lowered = [r.getMessage() for r in caplog.records if r.getMessage().startswith("integer lowering")]
+    assert lowered == ["integer lowering: 6 quantized operator(s) computed as uint8 x int8 -> int32, "
+                       "3 grouped convolution(s) reading uint8"], lowered
+    rules = json.loads((tmp_path / "q" / "model_metadata.json").read_text())["schedules"]["rules"]
+    assert sum(r == "Int8PointwiseConv2dNCHW" for r in rules.values()) >= 3, rules
+    depthwise = [name for name, rule in rules.items() if rule == "GroupedConv2dNCHW"]
+    assert len(depthwise) == 3 and not any("dequantize" in name for name in depthwise), rules
+    x = samples[4]
+    _assert_close_to_fake_quantized(forge.Runtime(str(tmp_path / "q")).infer(x)[0],
+                                    np.asarray(ir.get_inference_function()(x)))
 
 
 @needs_vnni
@@ -371,3 +435,45 @@ def test_arm_dotprod_schedules_are_exact_with_the_instruction_emulated(op, monke
     assert {"Int8Conv2dNCHW" if op == "conv2d" else "Int8Matmul"} <= rules, rules
     np.testing.assert_array_equal(got, reference)
 
+
+
+@pytest.mark.parametrize("activation", ["relu6", "relu", "none", "shared"])
+def test_folded_requantize_epilogue_gives_the_same_bytes(activation):
+    """fold_requantize: the clamp moves into the final clip (here inside 0..255: 6 * 20 + 3 = 123), the scales
+    into one constant; the bytes match the epilogue as written, but for a value within an ulp of a tie."""
+    from forge_core.quantization.lowering import fold_requantize
+
+    bb = relax.BlockBuilder()
+    acc = relax.Var("acc", relax.TensorType((2, 8, 5, 7), "int32"))
+    scale = (RNG.uniform(0.5, 2.0, (8, 1, 1)) * 1e-3).astype(np.float32)
+    with bb.function("main", [acc]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.multiply(relax.op.astype(acc, "float32"), relax.const(scale)))
+            if activation in ("relu6", "shared"):
+                y = bb.emit(relax.op.minimum(bb.emit(relax.op.maximum(y, relax.const(np.float32(0)))),
+                                             relax.const(np.float32(6))))
+            elif activation == "relu":
+                y = bb.emit(relax.op.nn.relu(y))
+            q = bb.emit(relax.op.multiply(y, relax.const(np.float32(20))))
+            q = bb.emit(relax.op.add(relax.op.round(q), relax.const(np.float32(3))))
+            q = bb.emit(relax.op.astype(relax.op.clip(q, 0, 255), "uint8"))
+            out = bb.emit_output(relax.Tuple([q, y]) if activation == "shared" else q)
+        bb.emit_func_output(out)
+    mod = bb.get()
+    folded = tvm.IRModule({"main": fold_requantize(mod["main"])})
+    text = folded["main"].script()
+    if activation == "shared":  # the clamp's output is read twice: left as it is
+        assert "R.maximum" in text and "R.minimum" in text and text.count("R.multiply") == 2, text
+    else:
+        assert "R.maximum" not in text and "R.minimum" not in text and "relu" not in text, text
+        assert text.count("R.multiply") == 1, text
+        if activation == "relu6":
+            assert ", 3, 123)" in text, text  # clip(round(y * 20) + 3, max(0, 0 + 3), min(255, 120 + 3))
+    x = tvm.runtime.tensor(RNG.integers(-10_000, 10_000, (2, 8, 5, 7)).astype(np.int32))
+
+    def run(m):
+        out = relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu())["main"](x)
+        return (out[0] if activation == "shared" else out).numpy().astype(np.int64)
+
+    steps = np.abs(run(folded) - run(mod))
+    assert steps.max() <= 1 and np.count_nonzero(steps) <= 2, steps.max()

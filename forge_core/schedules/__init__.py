@@ -7,11 +7,14 @@ on every fused PrimFunc; the first that returns a schedule wins.
 
 Rules, most specific first:
 
-* :class:`Int8Conv2dNCHW` and :class:`Int8Matmul`: the integer convolutions
-  and dense layers of a quantized module (uint8 x int8 -> int32, see
+* :class:`Int8PointwiseConv2dNCHW`, :class:`Int8Conv2dNCHW` and
+  :class:`Int8Matmul`: the integer convolutions and dense layers of a
+  quantized module (uint8 x int8 -> int32, see
   :mod:`forge_core.quantization.lowering`), tensorized with x86 VNNI's
   ``vpdpbusd`` (Arm ``+dotprod``: ``sdot`` on int8); weights repacked at
-  compile time, the requantizing epilogue fused (:mod:`forge_core.schedules.int8`).
+  compile time, the requantizing epilogue fused; 1x1 convolutions over
+  feature maps of whole vectors of pixels put pixels in the lanes
+  (:mod:`forge_core.schedules.int8`).
 * :class:`PointwiseConv2dNCHW`: 1x1 convolution (stride 1, no padding) on
   feature maps of whole vectors of pixels: a matrix product vectorized along
   the pixels, a register tile of up to 8 output channels by several vectors.
@@ -21,7 +24,9 @@ Rules, most specific first:
   at most 7 pixels: up to 14 pixels by two vectors); fused epilogues (bias,
   residual add, relu, clip) write each tile back.
 * :class:`GroupedConv2dNCHW`: depthwise and grouped convolutions, vectorized
-  along the output row, padding computed per channel plane.
+  along the output row (a tile of one or half a vector on long rows),
+  padding computed per channel plane; a quantized module's read its uint8
+  input directly.
 * :class:`ConvTransposeNCHW`: transposed convolutions (1D, 2D, any groups),
   rebuilt as a gather split by output phase (TOPI multiplies a zero-inserted
   input: ``s**2`` times the work), tiled by pixels or by channels.

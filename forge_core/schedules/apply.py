@@ -17,7 +17,7 @@ from forge_core.schedules.conv_nd import ConvNCX, GroupedConvNCX
 from forge_core.schedules.conv_transpose import ConvTransposeNCHW
 from forge_core.schedules.elementwise import Elementwise, Generic
 from forge_core.schedules.grouped_conv2d import GroupedConv2dNCHW
-from forge_core.schedules.int8 import Int8Conv2dNCHW, Int8Matmul
+from forge_core.schedules.int8 import Int8Conv2dNCHW, Int8Matmul, Int8PointwiseConv2dNCHW
 from forge_core.schedules.matmul import Matmul
 from forge_core.schedules.plane_reduction import PlaneReduction
 from forge_core.schedules.pointwise_conv2d import PointwiseConv2dNCHW
@@ -33,7 +33,7 @@ FALLBACK_RULES = ("Generic",)
 
 def default_rules() -> list[dlight.ScheduleRule]:
     """Forge's CPU rules, most specific first."""
-    return [Int8Conv2dNCHW(), Int8Matmul(), PointwiseConv2dNCHW(), Conv2dNCHW(), GroupedConv2dNCHW(), ConvTransposeNCHW(), ConvNCX(),
+    return [Int8PointwiseConv2dNCHW(), Int8Conv2dNCHW(), Int8Matmul(), PointwiseConv2dNCHW(), Conv2dNCHW(), GroupedConv2dNCHW(), ConvTransposeNCHW(), ConvNCX(),
             GroupedConvNCX(), WindowPoolNCX(), Matmul(), WholeTensorReduction(), PlaneReduction(),
             dlight.cpu.Reduction(), Elementwise(), Generic()]
 

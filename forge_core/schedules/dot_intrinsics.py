@@ -27,6 +27,7 @@ from tvm.script import tirx as T
 VNNI_16x4 = "forge_dot_16x4_u8i8i32_vnni"
 VNNI_8x4 = "forge_dot_8x4_u8i8i32_vnni"
 SDOT_4x4 = "forge_dot_4x4_i8i8i32_sdot"
+VNNI_PIXELS_16x4 = "forge_dot_16x4_u8i8i32_vnni_pixels"
 
 
 def _description(lanes: int, data: str = "uint8") -> tvm.tirx.PrimFunc:
@@ -71,6 +72,45 @@ def _vnni(lanes: int, llvm_name: str) -> tvm.tirx.PrimFunc:
     return implementation
 
 
+def _pixels_description() -> tvm.tirx.PrimFunc:
+    @T.prim_func(s_tir=True)
+    def description(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (16, 4), "uint8", offset_factor=1)
+        B = T.match_buffer(b, (4,), "int8", offset_factor=1)
+        C = T.match_buffer(c, (16,), "int32", offset_factor=1, scope="local")
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:16, 0:4], B[0:4])
+            T.writes(C[0:16])
+            for i in T.serial(0, 16):
+                for k in T.serial(0, 4):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        C[vi] = C[vi] + T.cast(A[vi, vk], "int32") * T.cast(B[vk], "int32")
+
+    return description
+
+
+def _vnni_pixels() -> tvm.tirx.PrimFunc:
+    @T.prim_func(s_tir=True)
+    def implementation(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (16, 4), "uint8", offset_factor=1)
+        B = T.match_buffer(b, (4,), "int8", offset_factor=1)
+        C = T.match_buffer(c, (16,), "int32", offset_factor=1, scope="local")
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:16, 0:4], B[0:4])
+            T.writes(C[0:16])
+            b_word = T.reinterpret(B.vload([0], "int8x4"), dtype="int32")
+            C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
+                C.vload([0], dtype="int32x16"),
+                A.vload([0, 0], dtype="uint8x64"),
+                T.reinterpret(T.broadcast(b_word, 16), dtype="int8x64"),
+                dtype="int32x16",
+            )
+
+    return implementation
+
+
 def _sdot() -> tvm.tirx.PrimFunc:
     @T.prim_func(s_tir=True)
     def implementation(a: T.handle, b: T.handle, c: T.handle) -> None:
@@ -102,6 +142,7 @@ def register() -> None:
         return
     TensorIntrin.register(VNNI_16x4, _description(16), _vnni(16, "llvm.x86.avx512.vpdpbusd.512"), override=True)
     TensorIntrin.register(VNNI_8x4, _description(8), _vnni(8, "llvm.x86.avx512.vpdpbusd.256"), override=True)
+    TensorIntrin.register(VNNI_PIXELS_16x4, _pixels_description(), _vnni_pixels(), override=True)
     TensorIntrin.register(SDOT_4x4, _description(4, "int8"), _sdot(), override=True)
     _registered = True
 

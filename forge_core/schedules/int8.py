@@ -17,7 +17,12 @@ instruction where fp32 FMA does 16.
   vectors of 16 output channels, the ``16 x 4`` inner block tensorized; the
   fused requantizing epilogue writes each tile back.
 
-Both need 16 | output channels (or 8: the 256-bit form, 8 lanes; MobileNet's
+* :class:`Int8PointwiseConv2dNCHW`: 1x1, stride 1, ``16 | H*W``: pixels as
+  lanes instead (``vpdpbusd`` on 16 pixels x 4 input channels and 4 weights of
+  one output channel, broadcast), so the epilogue reads and writes whole
+  vectors of an NCHW row; it comes first.
+
+The channel-lane rules need 16 | output channels (or 8: the 256-bit form, 8 lanes; MobileNet's
 24-channel layers) and 4 | the reduction (the lowering pads input channels
 to a multiple of 4) and a target with AVX-512 VNNI. On Arm with ``+dotprod``
 the same rules use ``sdot`` (int8 x int8, the lowering then keeps activations
@@ -229,5 +234,74 @@ class Int8Conv2dNCHW(dlight.ScheduleRule):
         sch.unroll(f_vectors)
         sch.decompose_reduction(conv, rc_outer)
         sch.tensorize(f_lanes, dot.intrinsics[lanes])
+        parallel_vectorized(sch, packed, UNIT * LANES)
+        return sch
+
+
+class Int8PointwiseConv2dNCHW(dlight.ScheduleRule):
+    """uint8 x int8 -> int32 1x1 convolution (stride 1, no padding) with 16 pixels per VNNI lane vector.
+
+    Pixels as lanes, not output channels: ``vpdpbusd`` multiplies 16 pixels x
+    4 input channels of the input (repacked per call to ``[N, C/4, H*W, 4]``)
+    by 4 weights of one output channel, broadcast. Each accumulator then holds
+    16 consecutive pixels of one channel: the epilogue reads and writes NCHW
+    rows as whole vectors, with one scale per accumulator. A register tile of
+    up to 14 output channels x two vectors of pixels; the weight is read as
+    it is (``[F, C]``: 4 input channels of an output channel are contiguous).
+
+    Needs x86 AVX-512 VNNI, ``16 | H*W`` and ``4 | C``. Feature maps of many
+    pixels and few channels (MobileNet's expansions) are where it beats the
+    channel-lane :class:`Int8Conv2dNCHW`, whose epilogue reads the
+    accumulators across their lanes.
+    """
+
+    def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:  # type: ignore[override]
+        found = _candidate(func, target, lambda sch, b: name_of(sch, b).startswith("conv2d_nchw")
+                           and iter_kinds(sch, b) == "SSSSRRR")
+        if found is None:
+            return None
+        dot, sch, conv, stmt = found
+        if dot.data_dtype != "uint8" or LANES not in dot.intrinsics:
+            return None
+        data, weight = stmt.reads[0].source, stmt.reads[-1].source
+        n, f, y, x, rc, ry, rx = sch.get_loops(conv)
+        channels_out, channels_in = extent(sch, f), extent(sch, rc)
+        height, width = extent(sch, y), extent(sch, x)
+        pixels = height * width
+        copy = producer(sch, conv, data)  # TOPI's padding stage, a plain copy when the padding is 0
+        if [int(d) for d in weight.shape] != [channels_out, channels_in, 1, 1] or channels_in % UNIT \
+                or pixels % LANES or [int(d) for d in data.shape[2:]] != [height, width] \
+                or (copy is not None and [int(d) for d in sch.get(copy).reads[0].source.shape] != list(data.shape)):
+            return None
+        dot_intrinsics.register()
+        vectors = 2 if pixels % (2 * LANES) == 0 else 1
+        tile_f = largest_divisor(channels_out, ACCUMULATORS // vectors)
+
+        inline_side_inputs(sch, conv, copy)
+        epilogue = split_epilogue(sch, conv)
+        # The weight's 4 input channels innermost (a transpose of its 1x1 dims, folded at compile time).
+        repack = sch.cache_read(conv, len(stmt.reads) - 1, "global")
+        sch.transform_layout(conv, ("read", len(stmt.reads) - 1), lambda o, i, h, w: (o, h, w, i))
+        sch.annotate(repack, PREPACK, True)
+        packed = copy if copy is not None else sch.cache_read(conv, 0, "global")
+        sch.transform_layout(packed, ("write", 0),
+                             lambda a, c, h, w: (a, c // UNIT, h * width + w, c % UNIT))
+        writer = attach_epilogue(sch, conv, epilogue)
+        sch.transform_layout(conv, ("write", 0), lambda a, o, h, w: (a, o, h * width + w))
+        sch.transform_block_layout(conv, lambda a, o, h, w, i, kh, kw: (a, o, h * width + w, i, kh, kw))
+        sch.transform_block_layout(writer, lambda a, o, h, w: (a, o, h * width + w))
+        n, f, p, rc, ry, rx = sch.get_loops(conv)
+        f_outer, f_inner = sch.split(f, [None, tile_f])
+        p_outer, p_vectors, p_lanes = sch.split(p, [None, vectors, LANES])
+        rc_outer, rc_inner = sch.split(rc, [None, UNIT])
+        sch.reorder(n, p_outer, f_outer, rc_outer, ry, rx, f_inner, p_vectors, p_lanes, rc_inner)
+        sch.reverse_compute_at(writer, f_outer)
+        _, lanes = sch.split(sch.get_loops(writer)[-1], [None, LANES])
+        sch.vectorize(lanes)
+        sch.parallel(sch.fuse(n, p_outer, f_outer))
+        sch.unroll(f_inner)
+        sch.unroll(p_vectors)
+        sch.decompose_reduction(conv, rc_outer)
+        sch.tensorize(p_lanes, dot_intrinsics.VNNI_PIXELS_16x4)
         parallel_vectorized(sch, packed, UNIT * LANES)
         return sch
