@@ -133,6 +133,10 @@ def _candidate(func: tirx.PrimFunc, target: tvm.target.Target,
     return dot, sch, found[0], stmt
 
 
+def _is_conv2d(sch: s_tir.Schedule, block: s_tir.SBlockRV) -> bool:
+    return name_of(sch, block).startswith("conv2d_nchw") and iter_kinds(sch, block) == "SSSSRRR"
+
+
 class Int8Matmul(dlight.ScheduleRule):
     """uint8 x int8 -> int32 dense/matmul with a constant ``[K, N]`` weight, VNNI-tensorized."""
 
@@ -188,8 +192,7 @@ class Int8Conv2dNCHW(dlight.ScheduleRule):
     """uint8 x int8 -> int32 convolution, groups=1, NCHW, VNNI-tensorized (see the module doc)."""
 
     def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:  # type: ignore[override]
-        found = _candidate(func, target, lambda sch, b: name_of(sch, b).startswith("conv2d_nchw")
-                           and iter_kinds(sch, b) == "SSSSRRR")
+        found = _candidate(func, target, _is_conv2d)
         if found is None:
             return None
         dot, sch, conv, stmt = found
@@ -256,8 +259,7 @@ class Int8PointwiseConv2dNCHW(dlight.ScheduleRule):
     """
 
     def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:  # type: ignore[override]
-        found = _candidate(func, target, lambda sch, b: name_of(sch, b).startswith("conv2d_nchw")
-                           and iter_kinds(sch, b) == "SSSSRRR")
+        found = _candidate(func, target, _is_conv2d)
         if found is None:
             return None
         dot, sch, conv, stmt = found
