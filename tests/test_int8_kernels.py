@@ -437,7 +437,7 @@ def test_arm_dotprod_schedules_are_exact_with_the_instruction_emulated(op, monke
 
 
 
-@pytest.mark.parametrize("activation", ["relu6", "relu", "none", "shared"])
+@pytest.mark.parametrize("activation", ["relu6", "clip", "relu", "none", "shared"])
 def test_folded_requantize_epilogue_gives_the_same_bytes(activation):
     """fold_requantize: the clamp moves into the final clip (here inside 0..255: 6 * 20 + 3 = 123), the scales
     into one constant; the bytes match the epilogue as written, but for a value within an ulp of a tie."""
@@ -454,6 +454,8 @@ def test_folded_requantize_epilogue_gives_the_same_bytes(activation):
                                              relax.const(np.float32(6))))
             elif activation == "relu":
                 y = bb.emit(relax.op.nn.relu(y))
+            elif activation == "clip":
+                y = bb.emit(relax.op.clip(y, 0, 6))
             q = bb.emit(relax.op.multiply(y, relax.const(np.float32(20))))
             q = bb.emit(relax.op.add(relax.op.round(q), relax.const(np.float32(3))))
             q = bb.emit(relax.op.astype(relax.op.clip(q, 0, 255), "uint8"))
@@ -465,9 +467,9 @@ def test_folded_requantize_epilogue_gives_the_same_bytes(activation):
     if activation == "shared":  # the clamp's output is read twice: left as it is
         assert "R.maximum" in text and "R.minimum" in text and text.count("R.multiply") == 2, text
     else:
-        assert "R.maximum" not in text and "R.minimum" not in text and "relu" not in text, text
+        assert not any(op in text for op in ("R.maximum", "R.minimum", "relu", "R.clip(lv, 0, 6)")), text
         assert text.count("R.multiply") == 1, text
-        if activation == "relu6":
+        if activation in ("relu6", "clip"):
             assert ", 3, 123)" in text, text  # clip(round(y * 20) + 3, max(0, 0 + 3), min(255, 120 + 3))
     x = tvm.runtime.tensor(RNG.integers(-10_000, 10_000, (2, 8, 5, 7)).astype(np.int32))
 

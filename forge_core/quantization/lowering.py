@@ -388,30 +388,29 @@ def _scaled(expr: relax.Expr, factor: float, values: dict[int, relax.Expr], uses
     """``expr * factor`` with the factor folded into a constant of ``expr`` (None when there is none to fold into).
 
     ``multiply(y, c)`` -> ``multiply(y, c * f)``; ``add(y, b)`` -> ``add(y * f, b * f)``; a float convolution
-    with a constant weight -> the weight times ``f``. Values read by others stay as they are.
+    with a constant weight -> the weight times ``f``. Only float32 constants; values read by others stay.
     """
     if _shared(expr, values, uses):
         return None
     call = _bound_value(expr, values)
     name, f = _op_name(call), np.float32(factor)
-    if name == "relax.multiply" and isinstance(call.args[1], tvm.ir.GenericConst) and _dtype(call) == "float32":
-        c = _constant(call.args[1])
-        return relax.op.multiply(call.args[0], relax.const((c.astype(np.float32) * f).astype(np.float32)))
-    if name == "relax.add" and isinstance(call.args[1], tvm.ir.GenericConst) and _dtype(call) == "float32":
+    constant = _constant(call.args[1]) if name and len(call.args) > 1 else None
+    if constant is None or constant.dtype != np.float32 or _dtype(call) != "float32":
+        return None
+    scaled_constant = relax.const((constant * f).astype(np.float32))
+    if name == "relax.multiply":
+        return relax.op.multiply(call.args[0], scaled_constant)
+    if name == "relax.add":
         inner = _scaled(call.args[0], factor, values, uses)
-        b = _constant(call.args[1])
-        return None if inner is None else relax.op.add(inner, relax.const((b.astype(np.float32) * f)
-                                                                           .astype(np.float32)))
-    if name == "relax.nn.conv2d" and isinstance(call.args[1], tvm.ir.GenericConst) and _dtype(call) == "float32":
-        w = _constant(call.args[1])
-        return relax.Call(call.op, [call.args[0], relax.const((w.astype(np.float32) * f).astype(np.float32))],
-                          call.attrs)
+        return None if inner is None else relax.op.add(inner, scaled_constant)
+    if name == "relax.nn.conv2d":
+        return relax.Call(call.op, [call.args[0], scaled_constant], call.attrs)
     return None
 
 
 def _clamp(expr: relax.Expr, values: dict[int, relax.Expr], uses: dict[int, int]
            ) -> tuple[relax.Expr, float, float]:
-    """``expr`` as ``clamp(inner, lo, hi)`` (relu, relu6, clip with scalar bounds; +-inf where absent)."""
+    """``expr`` as ``clamp(inner, lo, hi)``: maximum/minimum with scalar constants, relu, clip; +-inf where absent."""
     lo, hi = -np.inf, np.inf
     while True:
         if _shared(expr, values, uses):
@@ -424,6 +423,9 @@ def _clamp(expr: relax.Expr, values: dict[int, relax.Expr], uses: dict[int, int]
             expr = call.args[0]
         elif name == "relax.nn.relu":
             lo, expr = max(lo, 0.0), call.args[0]
+        elif name == "relax.clip" and all(hasattr(a, "value") for a in call.args[1:]):
+            lo, hi = max(lo, float(call.args[1].value)), min(hi, float(call.args[2].value))
+            expr = call.args[0]
         else:
             return expr, lo, hi
 
