@@ -91,22 +91,34 @@ def _dtype(expr: relax.Expr) -> str:
     return str(expr.ty.dtype)
 
 
+@dataclass
+class _Bindings:
+    """A function's dataflow, by variable handle: each bound value, the variable of each call, each reader."""
+
+    value_of: dict[int, relax.Expr]
+    var_of: dict[int, relax.Var]
+    uses: dict[int, list[relax.Expr]]
+
+
+def _bindings(func: relax.Function) -> _Bindings:
+    found = _Bindings({}, {}, {})
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            found.value_of[_handle(binding.var)] = binding.value
+            if isinstance(binding.value, relax.Call):
+                found.var_of[_handle(binding.value)] = binding.var
+            for arg in _operands(binding.value):
+                found.uses.setdefault(_handle(arg), []).append(binding.value)
+    for out in _operands(func.body.body):
+        found.uses.setdefault(_handle(out), []).append(func.body.body)
+    return found
+
+
 class _Lowering:
     def __init__(self, func: relax.Function, data_dtype: str) -> None:
         self.data_dtype = data_dtype
-        self.value_of: dict[int, relax.Expr] = {}
-        self.var_of: dict[int, relax.Var] = {}
-        uses: dict[int, list[relax.Expr]] = {}
-        for block in func.body.blocks:
-            for binding in block.bindings:
-                self.value_of[_handle(binding.var)] = binding.value
-                if isinstance(binding.value, relax.Call):
-                    self.var_of[_handle(binding.value)] = binding.var
-                for arg in _operands(binding.value):
-                    uses.setdefault(_handle(arg), []).append(binding.value)
-        for out in _operands(func.body.body):
-            uses.setdefault(_handle(out), []).append(func.body.body)
-        self.uses = uses
+        index = _bindings(func)
+        self.value_of, self.var_of, self.uses = index.value_of, index.var_of, index.uses
         self.moved: dict[int, tuple[relax.Expr, relax.Expr]] = {}  # old quantize var -> (new scale, new zero point)
         self.activations: dict[int, _Activation] = {}  # old dequantize var -> the integer operand
         self.folded_bias: set[int] = set()  # old bias-add calls whose bias went into the accumulator
@@ -206,10 +218,10 @@ class _Lowering:
         values, weight_scale, axis = weight
         if axis not in (None, 0) or static_shape(args[0]) is None:
             return None
-        padding = [int(p) for p in attrs.padding]
-        zero_point = _constant(activation.zero_point)
         if int(attrs.groups) != 1:
             return self.rewrite_grouped_conv2d(call, activation, weight, emit)
+        padding = [int(p) for p in attrs.padding]
+        zero_point = _constant(activation.zero_point)
         if any(padding) and zero_point is None:
             return None  # explicit padding needs a constant value
         data = activation.quantized
@@ -243,12 +255,12 @@ class _Lowering:
         """
         attrs = call.attrs
         scale, zero_point = _constant(activation.scale), _constant(activation.zero_point)
-        values, weight_scale, axis = weight
+        values, weight_scale, _ = weight
         if scale is None or zero_point is None or scale.ndim or zero_point.ndim:
             return None
         channels = values.shape[0]
-        per_channel = np.broadcast_to(weight_scale.astype(np.float64), (channels,)).reshape(channels, 1, 1, 1)
-        folded = (values.astype(np.float64) * per_channel * float(scale)).astype(np.float32)
+        multiplier = np.broadcast_to(weight_scale.astype(np.float64), (channels,)) * float(scale)  # s_x s_w
+        folded = (values.astype(np.float64) * multiplier.reshape(channels, 1, 1, 1)).astype(np.float32)
         data, padding = activation.quantized, [int(p) for p in attrs.padding]
         if any(padding) and int(zero_point) != 0:
             top, left, bottom, right = padding
@@ -261,7 +273,7 @@ class _Lowering:
         offset = -float(zero_point) * folded.astype(np.float64).reshape(channels, -1).sum(axis=1)
         bias = self.bias_add(call, channels)
         if bias is not None:
-            offset = offset + bias.astype(np.float64) * np.broadcast_to(weight_scale, (channels,)) * float(scale)
+            offset = offset + bias.astype(np.float64) * multiplier
         self.grouped += 1
         if bias is None and int(zero_point) == 0:
             return out
@@ -443,15 +455,9 @@ def fold_requantize(func: relax.Function) -> relax.Function:
     twice, which moves a value lying within an ulp of a rounding tie by one
     step, as the reciprocal already does.
     """
-    values: dict[int, relax.Expr] = {}
-    uses: dict[int, int] = {}
-    for block in func.body.blocks:
-        for binding in block.bindings:
-            values[_handle(binding.var)] = binding.value
-            for arg in _operands(binding.value):
-                uses[_handle(arg)] = uses.get(_handle(arg), 0) + 1
-    for out in _operands(func.body.body):
-        uses[_handle(out)] = uses.get(_handle(out), 0) + 1
+    index = _bindings(func)
+    values = index.value_of
+    uses = {handle: len(readers) for handle, readers in index.uses.items()}
 
     from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
