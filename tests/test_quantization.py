@@ -95,6 +95,30 @@ def test_digits_onnxruntime_qdq_model_arrives_quantized_and_matches_onnxruntime(
         ir.quantize()
 
 
+@pytest.mark.parametrize("dtype", [onnx.TensorProto.INT8, onnx.TensorProto.UINT8])
+@pytest.mark.parametrize("scale", [0.5, np.inf, [0.5, np.inf]], ids=["finite", "infinite", "per_channel"])
+def test_quantize_linear_saturates_as_onnxruntime_nan_included(tmp_path, dtype, scale):
+    """QuantizeLinear of +-inf, NaN and values out of range, and with the scale inf (which an attention mask of
+    -inf calibrates to: -inf / inf is NaN): saturated as ONNX's reference and onnxruntime do, NaN to the
+    lowest value, compiled at opt_level 0 and 3 and in the inference function."""
+    from onnx import helper, numpy_helper
+
+    scale = np.asarray(scale, np.float32)
+    zero_point = np.full(scale.shape, 3, onnx.helper.tensor_dtype_to_np_dtype(dtype))
+    x = np.array([[-np.inf, np.inf, np.nan, -3.4e38, 3.4e38, 0.0, 1.0, -1.0, 70.2, -300.0]] * 2, np.float32)
+    node = helper.make_node("QuantizeLinear", ["x", "scale", "zero_point"], ["y"], axis=0)
+    graph = helper.make_graph([node], "quantize", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("y", dtype, x.shape)],
+                              [numpy_helper.from_array(scale, "scale"), numpy_helper.from_array(zero_point, "zero_point")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    ir = forge.from_onnx(model)
+    np.testing.assert_array_equal(ir.get_inference_function()(x), expected)
+    for opt_level in (0, 3):
+        ir.compile(output_path=str(tmp_path / f"q{opt_level}"), opt_level=opt_level)
+        np.testing.assert_array_equal(forge.Runtime(str(tmp_path / f"q{opt_level}")).infer(x)[0], expected)
+
+
 def test_transformer_encoder_dynamic_quantization_keeps_cosine(tmp_path):
     from hf_models import ARCHITECTURES
 

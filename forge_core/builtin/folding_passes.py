@@ -1,6 +1,8 @@
 """Built-in plugin: the passes an IRModule runs on import.
 
-* ``fold_constants``: evaluate every subexpression whose inputs are all constants.
+* ``fold_constants``: evaluate every subexpression whose inputs are all constants,
+  except the ``dequantize`` of a quantized weight
+  (:mod:`forge_core.quantization.held_weights`).
 * ``fold_batch_norms``: fold inference-mode batch norms into the preceding
   convolution's weights and bias (with or without a bias add between them)
   when that convolution's weights are constant;
@@ -23,10 +25,11 @@ from tvm.relax import dpl
 
 from forge_core.hookspecs import hookimpl
 from forge_core.passes import PassContext, rewrite_functions
+from forge_core.quantization import held_weights
 
 
 def fold_constants(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:
-    return relax.transform.FoldConstant()(mod)
+    return held_weights.fold_constants(mod)
 
 
 def _conv_bias_batch_norm_pattern() -> tuple[dpl.DFPattern, dict[str, dpl.DFPattern]]:
@@ -80,7 +83,7 @@ def fold_batch_norms(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:
     mod = relax.transform.FoldBatchnormToConv2D()(mod)
     # Whatever batch norm is left becomes scale/shift arithmetic.
     mod = relax.transform.DecomposeOpsForInference()(mod)
-    return relax.transform.FoldConstant()(mod)
+    return held_weights.fold_constants(mod)
 
 
 def is_partition(func: tvm.ir.BaseFunc) -> bool:

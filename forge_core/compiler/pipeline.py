@@ -27,6 +27,7 @@ from tvm import relax
 
 from forge_core.compiler.options import CompileOptions
 from forge_core.passes import PassContext, run_passes
+from forge_core.quantization.expand import ExpandQuantize
 from forge_core.plugin_manager import get_plugin_manager
 from forge_core.compiler.metadata_builder import record_schedules, schedules_entry
 from forge_core.schedules.apply import FALLBACK_RULES, fold_repacked_weights, log_fallbacks, schedule_report
@@ -70,9 +71,10 @@ def _backend_stages(target: tvm.target.Target) -> ModuleType:
 
 
 def _legalize_passes(target: tvm.target.Target, opt_level: int) -> list[tvm.transform.Pass]:
+    # quantize saturates as ONNX's QuantizeLinear, NaN to the lowest value (forge_core.quantization.expand)
     if target.kind.name != "llvm":
-        return list(_backend_stages(target).legalize_passes(target))  # GPU: includes TVM's dlight schedules
-    passes = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern()]
+        return [ExpandQuantize, *_backend_stages(target).legalize_passes(target)]  # GPU: with TVM's dlight schedules
+    passes = [ExpandQuantize, relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern()]
     if opt_level >= 2:
         passes.append(relax.transform.FoldConstant())
     return passes + [relax.transform.FuseOps(), relax.transform.FuseTIR()]

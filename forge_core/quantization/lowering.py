@@ -13,8 +13,11 @@ values, for kernels that use the CPU's byte dot products (x86 VNNI's
   the same values, and VNNI's unsigned operand. Between layers the tensor
   stays 8-bit.
 * **Weights as int8 with zero point 0.** Forge's weights are symmetric (int8:
-  zero point 0; uint8: 128, shifted to int8 exactly). An operator whose weight
-  has another zero point (an imported QDQ model) is left in float.
+  zero point 0; uint8: 128, shifted to int8 exactly), and so are
+  onnxruntime's (``quantize_static``), whose QDQ models keep their integer
+  weights through import (:mod:`forge_core.quantization.held_weights`). An
+  operator whose weight has another zero point is left in float, its weight
+  dequantized here, once.
 * **The zero point folded out of the loop.** With ``u`` the uint8 input,
   ``z`` its zero point and ``w`` the weight::
 
@@ -46,8 +49,10 @@ so the layer before writes bytes, not floats. Everything else keeps its QDQ
 form, which is always correct.
 
 Last, :func:`fold_requantize` shortens each requantizing epilogue: the
-activation's clamp (ReLU, ReLU6) joins the final clip and the next layer's
-reciprocal scale joins the multiplier before it.
+activation's clamp (ReLU, ReLU6) joins the final clamp and the next layer's
+reciprocal scale joins the multiplier before it. The final clamp compares
+with the lower bound first, so NaN requantizes to 0, as ONNX's
+``QuantizeLinear`` does (:mod:`forge_core.quantization.expand`).
 """
 
 from __future__ import annotations
@@ -62,6 +67,8 @@ from tvm import relax
 
 from forge_core.graph.index import _handle
 from forge_core.ir.introspection import static_shape
+from forge_core.quantization.expand import saturate
+from forge_core.quantization.held_weights import fold_dequantized_constants, is_dequantized_constant
 from forge_core.transforms.rebind import Emit, rebind
 
 logger = logging.getLogger("forge.quantization")
@@ -157,7 +164,7 @@ class _Lowering:
         reciprocal = relax.const(np.float32(1.0) / scale.astype(np.float32), "float32")
         shifted = relax.op.add(relax.op.round(relax.op.multiply(args[0], reciprocal)),
                                relax.const(np.float32(offset), "float32"))
-        return relax.op.astype(relax.op.clip(shifted, 0, 255), "uint8")
+        return relax.op.astype(saturate(shifted, 0, 255), "uint8")
 
     def rewrite_dequantize(self, call: relax.Call, args: list[relax.Expr]) -> relax.Expr | None:
         source = call.args[0]
@@ -175,8 +182,16 @@ class _Lowering:
 
     # -- weights and bias ----------------------------------------------------------------------------------
     def weight(self, expr: relax.Expr) -> tuple[np.ndarray, np.ndarray, int | None] | None:
-        """The int8 weight, its scale(s) and per-channel axis, from ``dequantize(const, const, const)``."""
+        """The int8 weight, its scale(s) and per-channel axis, from ``dequantize(const, const, const)``,
+        or from a two-dimensional one transposed (``permute_dims``: ONNX ``Gemm`` with ``transB``)."""
         call = self.bound(expr)
+        if _op_name(call) == "relax.permute_dims":
+            found = self.weight(call.args[0])
+            axes = call.attrs.axes
+            if found is None or found[0].ndim != 2 or (axes is not None and [int(a) for a in axes] != [1, 0]):
+                return None
+            values, scale, axis = found
+            return np.ascontiguousarray(values.T), scale, None if axis is None else 1 - axis
         if _op_name(call) != "relax.dequantize":
             return None
         values, scale, zero_point = (_constant(a) for a in call.args)
@@ -362,14 +377,33 @@ def lower_to_integer(mod: tvm.IRModule, func_name: str = "main", data_dtype: str
     lowering = _Lowering(func, data_dtype)
     rewritten = rebind(mod, func_name, rewrite_call=lowering.rewrite())
     if lowering.lowered == 0 and lowering.grouped == 0:
-        return mod
+        return _fold_weights(mod, func_name)
     updated = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
     updated[func_name] = rewritten
     updated = relax.transform.DeadCodeElimination([func_name])(updated)
     updated[func_name] = fold_requantize(updated[func_name])
     updated = relax.transform.DeadCodeElimination([func_name])(updated)
+    updated = _fold_weights(updated, func_name)
     logger.info("integer lowering: %d quantized operator(s) computed as %s x int8 -> int32, %d grouped "
                 "convolution(s) reading %s", lowering.lowered, data_dtype, lowering.grouped, data_dtype)
+    return updated
+
+
+def _fold_weights(mod: tvm.IRModule, func_name: str) -> tvm.IRModule:
+    """``mod`` with each weight left in QDQ form (an operator not lowered) dequantized now, not at run time."""
+    if not any(is_dequantized_constant(b.value) for block in mod[func_name].body.blocks for b in block.bindings):
+        return mod
+
+    def rewrite_call(_binding: str, call: relax.Call, args: list[relax.Expr], emit: Emit) -> relax.Expr | None:
+        if not is_dequantized_constant(call):
+            return None
+        values, scale, zero_point = (_constant(a) for a in call.args)
+        folded = fold_dequantized_constants(values, scale, zero_point, int(call.attrs.axis),
+                                            str(call.attrs.out_dtype))
+        return relax.const(folded, str(call.attrs.out_dtype))
+
+    updated = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+    updated[func_name] = rebind(mod, func_name, rewrite_call=rewrite_call)
     return updated
 
 
@@ -443,11 +477,11 @@ def _clamp(expr: relax.Expr, values: dict[int, relax.Expr], uses: dict[int, int]
 
 
 def fold_requantize(func: relax.Function) -> relax.Function:
-    """Shorten each requantizing epilogue: the activation's clamp moves into the final clip, the scales into one.
+    """Shorten each requantizing epilogue: the activation's clamp moves into the final one, the scales into one.
 
     ``quantize(clamp(y, lo, hi))`` with the reciprocal scale ``r > 0`` and the
-    zero point ``z``: ``clip(round(clamp(y, lo, hi) r) + z, 0, 255)`` is exactly
-    ``clip(round(y r) + z, max(0, round(lo r) + z), min(255, round(hi r) + z))``
+    zero point ``z``: ``clamp(round(clamp(y, lo, hi) r) + z, 0, 255)`` is exactly
+    ``clamp(round(y r) + z, max(0, round(lo r) + z), min(255, round(hi r) + z))``
     (scaling by ``r > 0`` and rounding are monotonic), and ``y r`` folds ``r``
     into the constant before it: the per-channel multiplier of a lowered
     convolution, or a depthwise convolution's weight and bias. Ten operations
@@ -461,15 +495,15 @@ def fold_requantize(func: relax.Function) -> relax.Function:
 
     from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
-    x, r, z = wildcard(), is_const(), is_const()
+    x, r, z, low_bound, high_bound = wildcard(), is_const(), is_const(), is_const(), is_const()
     rounded = is_op("relax.round")(is_op("relax.multiply")(x, r))
-    pattern = is_op("relax.astype")(is_op("relax.clip")(is_op("relax.add")(rounded, z), wildcard(), wildcard()))
+    clamped = is_op("relax.minimum")(is_op("relax.maximum")(is_op("relax.add")(rounded, z), low_bound), high_bound)
+    pattern = is_op("relax.astype")(clamped)
 
     def rewriter(original: relax.Expr, matched: dict) -> relax.Expr:
         factor, offset = _scalar(matched[r]), _scalar(matched[z])
-        clip = _bound_value(original.args[0], values)
         if factor is None or offset is None or factor <= 0 or str(original.attrs.dtype) != "uint8" \
-                or _op_name(clip) != "relax.clip" or [int(v.value) for v in clip.args[1:]] != [0, 255]:
+                or (_scalar(matched[low_bound]), _scalar(matched[high_bound])) != (0.0, 255.0):
             return original
         inner, lo, hi = _clamp(matched[x], values, uses)
         scaled = _scaled(inner, factor, values, uses)
@@ -483,6 +517,6 @@ def fold_requantize(func: relax.Function) -> relax.Function:
         shifted = relax.op.round(scaled)
         if offset != 0:
             shifted = relax.op.add(shifted, matched[z])
-        return relax.op.astype(relax.op.clip(shifted, low, high), "uint8")
+        return relax.op.astype(saturate(shifted, low, high), "uint8")
 
     return rewrite_call(pattern, rewriter, func)

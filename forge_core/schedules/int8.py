@@ -24,7 +24,9 @@ instruction where fp32 FMA does 16.
 
 The channel-lane rules need 16 | output channels (or 8: the 256-bit form, 8 lanes; MobileNet's
 24-channel layers) and 4 | the reduction (the lowering pads input channels
-to a multiple of 4) and a target with AVX-512 VNNI. On Arm with ``+dotprod``
+to a multiple of 4) and a target with AVX-512 VNNI, or AVX-VNNI (Alder Lake and
+later cores without AVX-512: the 8-lane form only, a register tile of at most
+12 accumulators of its 16 ymm registers, no pixel-lane rule). On Arm with ``+dotprod``
 the same rules use ``sdot`` (int8 x int8, the lowering then keeps activations
 int8): 4-lane accumulators, up to 4 side by side. Otherwise
 they decline and the integer operator takes the generic convolution or
@@ -48,7 +50,6 @@ from forge_core.schedules.epilogue import attach_epilogue, inline_side_inputs, p
 
 LANES = 16
 UNIT = 4
-ACCUMULATORS = 28  # of 32 vector registers (AVX-512, NEON), the rest for operands
 
 
 @dataclass(frozen=True)
@@ -58,13 +59,15 @@ class DotProduct:
     data_dtype: str
     intrinsics: dict[int, str]  # int32 lanes per accumulator -> tensor intrinsic, widest first
     max_vectors: int  # accumulators side by side along the output channels
+    accumulators: int = 28  # of 32 vector registers (AVX-512, NEON), the rest for operands
 
     def lanes_for(self, channels: int) -> int | None:
         return next((lanes for lanes in self.intrinsics if channels % lanes == 0), None)
 
 
 def dot_product(target: tvm.target.Target) -> DotProduct | None:
-    """x86 AVX-512 VNNI (uint8 x int8, 16 or 8 lanes), Arm ``+dotprod`` (int8 x int8, 4 lanes), or None."""
+    """x86 AVX-512 VNNI (uint8 x int8, 16 or 8 lanes), AVX-VNNI (8 lanes: Alder Lake and later cores without
+    AVX-512), Arm ``+dotprod`` (int8 x int8, 4 lanes), or None."""
     if target.kind.name != "llvm":
         return None
     from tvm.target import codegen
@@ -72,6 +75,8 @@ def dot_product(target: tvm.target.Target) -> DotProduct | None:
     try:
         if codegen.target_has_features("avx512vnni", target):
             return DotProduct("uint8", {16: dot_intrinsics.VNNI_16x4, 8: dot_intrinsics.VNNI_8x4}, 2)
+        if codegen.target_has_features("avxvnni", target):  # AVX-VNNI without AVX-512: 16 ymm registers
+            return DotProduct("uint8", {8: dot_intrinsics.VNNI_8x4}, 2, accumulators=12)
         if codegen.target_has_features("dotprod", target):
             return DotProduct("int8", {4: dot_intrinsics.SDOT_4x4}, 4)
     except Exception:  # noqa: BLE001 - a target LLVM does not know
@@ -80,7 +85,7 @@ def dot_product(target: tvm.target.Target) -> DotProduct | None:
 
 
 def has_vnni(target: tvm.target.Target) -> bool:
-    """Whether ``target`` is an x86 CPU with AVX-512 VNNI."""
+    """Whether ``target`` is an x86 CPU with VNNI (AVX-512 VNNI, or AVX-VNNI)."""
     found = dot_product(target)
     return found is not None and found.data_dtype == "uint8"
 
@@ -158,7 +163,8 @@ class Int8Matmul(dlight.ScheduleRule):
         dot_intrinsics.register()
         vectors = _vectors(cols, lanes, dot.max_vectors)
         # Measured with VNNI: 8 rows x 2 vectors beat 14 x 2 (operand loads); NEON's 4-lane tiles take 7 x 4.
-        mt = largest_divisor(rows, 14 if vectors == 1 else 8 if dot.max_vectors == 2 else ACCUMULATORS // vectors)
+        mt = largest_divisor(rows, min(14 if vectors == 1 else 8 if dot.max_vectors == 2 else dot.accumulators,
+                                       dot.accumulators // vectors))
 
         inline_side_inputs(sch, mm, None)
         epilogue = split_epilogue(sch, mm)
@@ -206,7 +212,7 @@ class Int8Conv2dNCHW(dlight.ScheduleRule):
         dot_intrinsics.register()
         # VNNI: two vectors of channels only on short rows (more pixels per tile on wide ones).
         vectors = _vectors(channels_out, lanes, dot.max_vectors if lanes < 16 or width <= 7 else 1)
-        tile_x = largest_divisor(width, min(14, ACCUMULATORS // vectors))
+        tile_x = largest_divisor(width, min(14, dot.accumulators // vectors))
 
         data = stmt.reads[0].source
         inline_side_inputs(sch, conv, producer(sch, conv, data))
@@ -277,7 +283,7 @@ class Int8PointwiseConv2dNCHW(dlight.ScheduleRule):
             return None
         dot_intrinsics.register()
         vectors = 2 if pixels % (2 * LANES) == 0 else 1
-        tile_f = largest_divisor(channels_out, ACCUMULATORS // vectors)
+        tile_f = largest_divisor(channels_out, dot.accumulators // vectors)
 
         inline_side_inputs(sch, conv, copy)
         epilogue = split_epilogue(sch, conv)

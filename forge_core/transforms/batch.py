@@ -34,6 +34,7 @@ import tvm
 from tvm import relax
 
 from forge_core.ir.introspection import flatten_types
+from forge_core.quantization.held_weights import fold_constants
 from forge_core.transforms.rebind import Emit, RebindError, rebind
 
 
@@ -99,7 +100,7 @@ def set_batch_size(mod: tvm.IRModule, batch_size: int, weight_names: Collection[
         bound = func.bind_symbolic_vars({old: batch_size})
         updated = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
         updated["main"] = bound
-        return relax.transform.FoldConstant()(relax.transform.Normalize()(updated))
+        return fold_constants(relax.transform.Normalize()(updated))
 
     new_params = {}
     for var in carriers:

@@ -25,6 +25,7 @@ from forge_core.ir.module import IRModule
 from forge_core.ir.naming import with_output_names
 from forge_core.ir.weights import lift_weights
 from forge_core.plugin_manager import get_plugin_manager
+from forge_core.quantization.held_weights import is_dequantized_constant
 from forge_onnx import graph_rewrites, validation
 from forge_onnx.constant_folding import fold_if_constant, scalar_float_constant, static_shape_constant
 from forge_onnx.converters import ConverterContext
@@ -151,7 +152,8 @@ class _ForgeImporter(ONNXGraphImporter):
             if isinstance(result, tvm.tirx.FloatImm):
                 return scalar_float_constant(result, list(inputs))
             if isinstance(result, relax.Expr) and not isinstance(result, relax.Tuple) and inputs and all(
-                    i is None or isinstance(i, (tvm.ir.GenericConst, relax.ShapeExpr)) for i in inputs):
+                    i is None or isinstance(i, (tvm.ir.GenericConst, relax.ShapeExpr)) for i in inputs) \
+                    and not is_dequantized_constant(result):  # a quantized weight: folded on import if not read
                 result = fold_if_constant(self.bb, result)  # normalized above, or by TVM
             return result
         except OperatorConversionError:
