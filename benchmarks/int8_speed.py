@@ -17,7 +17,7 @@ smooth random images (``smooth_images``); bert6 is fed random token ids.
 ``--samples`` inputs calibrate, ``--eval-samples`` others evaluate; the first
 evaluation input is the one timed.
 
-Four engines:
+Five engines:
 * Forge fp32: ``forge.from_onnx(path).compile()`` with the default options;
 * Forge int8: ``calibrate`` on the calibration inputs, then ``quantize(activation_dtype="int8",
   per_channel=True, calib_method=--method, quant_type="static")`` and the default ``compile()``;
@@ -26,7 +26,10 @@ Four engines:
   ``quantize_static`` in QDQ format, QInt8 activations and weights, per_channel,
   the same calibration inputs, the counterpart of ``--method`` from
   quantization_accuracy.py's table (entropy <-> Entropy, which at
-  quantize_static's defaults equals MinMax; minmax <-> MinMax; ...).
+  quantize_static's defaults equals MinMax; minmax <-> MinMax; ...);
+* Forge on onnxruntime's int8 model: that QDQ model, ``forge.from_onnx(...).compile()``:
+  the same int8 model in both engines (its outputs against onnxruntime int8's
+  are printed: the share of equal elements and the SQNR).
 
 Every engine is timed in a process of its own (benchmarks/timing_worker.py),
 in ``--rounds`` interleaved rounds; figures are medians over rounds, a ratio is
@@ -74,7 +77,7 @@ from timing_worker import run_in_process as _worker  # noqa: E402
 from quantization_accuracy import (METHODS, MODELS, Method, Reader, export, logits_check, ort_run,  # noqa: E402
                                    reestimate_batch_norms, smooth_images, sqnr_db, torch_logits)
 
-ENGINES = ("forge fp32", "forge int8", "onnxruntime fp32", "onnxruntime int8")
+ENGINES = ("forge fp32", "forge int8", "onnxruntime fp32", "onnxruntime int8", "forge on ORT int8")
 TARGET_SPEEDUP = 0.6  # Forge int8 / Forge fp32
 TARGET_VS_ORT = 1.0  # Forge int8 / onnxruntime int8
 TARGET_SQNR_DB = 25.0  # the CNNs
@@ -101,6 +104,9 @@ class Result:
     int8_over_fp32_range: tuple[float, float] | None = None
     int8_over_ort_int8: float | None = None  # Forge int8 / onnxruntime int8
     int8_over_ort_int8_range: tuple[float, float] | None = None
+    same_model_over_ort: float | None = None  # Forge on onnxruntime's int8 model / onnxruntime int8
+    same_model_over_ort_range: tuple[float, float] | None = None
+    same_model_agreement: dict[str, float] | None = None  # Forge on ORT's model vs ORT: equal share, SQNR dB
     forge_int8_sqnr_db: float | None = None
     ort_int8_sqnr_db: float | None = None
     forge_fp32_sqnr_db: float | None = None  # a check of the float path
@@ -229,9 +235,24 @@ def run_case(case: Case, args: argparse.Namespace, work: Path, result: Result) -
         ort_int8(ort_input, quantized, case.input_name, case.calib, method)
         result.seconds["ort_quantize"] = time.perf_counter() - t
         engines["onnxruntime int8"] = ("onnxruntime", quantized)
-        result.ort_int8_sqnr_db = sqnr_db(reference, ort_run(quantized, case.evaluation, threads))
+        ort_outputs = ort_run(quantized, case.evaluation, threads)
+        result.ort_int8_sqnr_db = sqnr_db(reference, ort_outputs)
     except Exception:  # noqa: BLE001
         result.errors["onnxruntime int8"] = _error()
+    if "onnxruntime int8" in engines:
+        try:
+            same_model = work / f"{case.name}_forge_on_ort_int8"
+            t = time.perf_counter()
+            forge.from_onnx(str(engines["onnxruntime int8"][1])).compile(output_path=same_model, force_overwrite=True)
+            result.seconds["forge_on_ort_int8_compile"] = time.perf_counter() - t
+            engines["forge on ORT int8"] = ("forge", same_model)
+            got = _forge_outputs(same_model, case.evaluation)
+            result.same_model_agreement = {
+                "equal": float(np.mean([np.mean(g == o) for g, o in zip(got, ort_outputs)])),
+                "sqnr_db": sqnr_db(ort_outputs, got)}
+            result.schedules["forge on ORT int8"] = _rule_counts(same_model)
+        except Exception:  # noqa: BLE001
+            result.errors["forge on ORT int8"] = _error()
     print(f"{case.name}: int8 SQNR vs onnxruntime fp32: Forge {_fmt(result.forge_int8_sqnr_db, '.1f')} dB, "
           f"onnxruntime {_fmt(result.ort_int8_sqnr_db, '.1f')} dB; Forge fp32 "
           f"{_fmt(result.forge_fp32_sqnr_db, '.1f')} dB", flush=True)
@@ -267,6 +288,8 @@ def run_case(case: Case, args: argparse.Namespace, work: Path, result: Result) -
                 result.errors[f"{name} profile"] = _error()
     result.int8_over_fp32, result.int8_over_fp32_range = _ratio(runs, "forge int8", "forge fp32")
     result.int8_over_ort_int8, result.int8_over_ort_int8_range = _ratio(runs, "forge int8", "onnxruntime int8")
+    result.same_model_over_ort, result.same_model_over_ort_range = _ratio(runs, "forge on ORT int8",
+                                                                          "onnxruntime int8")
 
 
 def _ratio(runs: dict[str, list[dict]], numerator: str, denominator: str
@@ -293,14 +316,16 @@ def print_table(results: list[Result]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("model", "Forge fp32 ms", "Forge int8 ms", "ORT fp32 ms", "ORT int8 ms",
+    table = Table("model", "Forge fp32 ms", "Forge int8 ms", "ORT fp32 ms", "ORT int8 ms", "Forge on ORT int8 ms",
                   f"Forge int8/fp32 (<= {TARGET_SPEEDUP})", f"Forge int8/ORT int8 (< {TARGET_VS_ORT:g})",
+                  "same model: Forge/ORT",
                   "Forge int8 SQNR dB", "ORT int8 SQNR dB", "int8 fallback %", "threads")
     for r in results:
         share = r.fallback_share.get("forge int8")
         table.add_row(r.model, *(_fmt(r.median_ms.get(name), ".2f") for name in ENGINES),
                       _ratio_cell(r.int8_over_fp32, r.int8_over_fp32_range),
                       _ratio_cell(r.int8_over_ort_int8, r.int8_over_ort_int8_range),
+                      _ratio_cell(r.same_model_over_ort, r.same_model_over_ort_range),
                       _fmt(r.forge_int8_sqnr_db, ".1f"), _fmt(r.ort_int8_sqnr_db, ".1f"),
                       "-" if share is None else f"{100 * share:.1f}", _fmt(r.threads, "d"))
     Console(width=200).print(table)
@@ -316,6 +341,10 @@ def print_table(results: list[Result]) -> None:
         if r.bn_statistics:
             print(f"{r.model}: batch-norm statistics {r.bn_statistics}; Forge fp32 vs onnxruntime fp32 "
                   f"{_fmt(r.forge_fp32_sqnr_db, '.1f')} dB")
+        if r.same_model_agreement is not None:
+            print(f"{r.model}: Forge on onnxruntime's int8 model vs onnxruntime: "
+                  f"{100 * r.same_model_agreement['equal']:.2f}% of the outputs equal, "
+                  f"SQNR {r.same_model_agreement['sqnr_db']:.1f} dB")
         print(f"{r.model}: targets: " + "; ".join(_verdicts(r)))
         for engine, text in r.errors.items():
             print(f"{r.model}: {engine} FAILED: {text.strip().splitlines()[-1]}")

@@ -143,6 +143,26 @@ def export_torch(model, inputs: tuple, names: list[str]) -> onnx.ModelProto:
     return onnx.load_from_string(buffer.getvalue())
 
 
+def onnxruntime_quantized(proto: onnx.ModelProto, samples: list[dict[str, np.ndarray]], folder,
+                          activation_type: str = "QInt8", per_channel: bool = True) -> str:
+    """``proto`` quantized by onnxruntime's ``quantize_static`` (QDQ, int8 weights, ``activation_type`` "QInt8"
+    or "QUInt8"), calibrated on ``samples`` (feeds by input name); the path of the quantized model in ``folder``."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.items = iter(samples)
+
+        def get_next(self):
+            return next(self.items, None)
+
+    source, target = folder / "fp32.onnx", folder / "int8.onnx"
+    onnx.save(proto, source)
+    quantize_static(str(source), str(target), Reader(), quant_format=QuantFormat.QDQ, per_channel=per_channel,
+                    activation_type=getattr(QuantType, activation_type), weight_type=QuantType.QInt8)
+    return str(target)
+
+
 def digits_cnn(batch: int = 128):
     """A CNN trained on scikit-learn's digits (seconds), as ONNX at ``batch``: ``(proto, calibration, tests)``.
 

@@ -25,7 +25,7 @@ import tvm
 from tvm import relax
 
 import forge
-from model_factory import export_torch
+from model_factory import export_torch, onnxruntime_quantized
 from forge_core.compiler.pipeline import build
 from forge_core.schedules.int8 import has_vnni
 
@@ -379,26 +379,6 @@ def test_mobilenet_blocks_compute_in_integers_and_their_depthwise_reads_bytes(tm
 # ----------------------------------------------------------------------------------------------------
 
 
-def _onnxruntime_quantized(proto, samples: list[dict[str, np.ndarray]], folder, activation_type: str,
-                           per_channel: bool) -> str:
-    """``proto`` quantized by onnxruntime's ``quantize_static`` (QDQ, int8 weights), calibrated on ``samples``."""
-    import onnx
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.items = iter(samples)
-
-        def get_next(self):
-            return next(self.items, None)
-
-    source, target = folder / "fp32.onnx", folder / "int8.onnx"
-    onnx.save(proto, source)
-    quantize_static(str(source), str(target), Reader(), quant_format=QuantFormat.QDQ, per_channel=per_channel,
-                    activation_type=getattr(QuantType, activation_type), weight_type=QuantType.QInt8)
-    return str(target)
-
-
 def _onnxruntime(path: str, feed: dict[str, np.ndarray]) -> np.ndarray:
     import onnxruntime as ort
 
@@ -428,12 +408,12 @@ def onnxruntime_int8_models(tmp_path_factory):
     onnx.checker.check_model(proto)
     rng = np.random.default_rng(8)
     samples = [rng.standard_normal((1, 3, 16, 16)).astype(np.float32) for _ in range(5)]
-    path = _onnxruntime_quantized(proto, [{"x": s} for s in samples[:4]], tmp_path_factory.mktemp("blocks"),
+    path = onnxruntime_quantized(proto, [{"x": s} for s in samples[:4]], tmp_path_factory.mktemp("blocks"),
                                   "QUInt8", per_channel=True)
     models["mobilenet_blocks"] = (path, samples[4], "6 quantized operator(s) computed as uint8 x int8 -> int32, "
                                                     "3 grouped convolution(s) reading uint8")
     proto, samples = _conv_net_model()
-    path = _onnxruntime_quantized(proto, [{"x": s} for s in samples[:4]], tmp_path_factory.mktemp("conv_net"),
+    path = onnxruntime_quantized(proto, [{"x": s} for s in samples[:4]], tmp_path_factory.mktemp("conv_net"),
                                   "QInt8", per_channel=False)
     models["conv_net"] = (path, samples[4], "5 quantized operator(s) computed as uint8 x int8 -> int32, "
                                             "1 grouped convolution(s) reading uint8")
@@ -495,7 +475,7 @@ def test_onnxruntime_int8_bert_with_an_infinite_mask_range_gives_onnxruntimes_nu
     feeds = [{n: t.numpy() for n, t in zip(names, batch)} for batch in batches]
     assert (feeds[4]["attention_mask"] == 0).any()  # some positions are masked
     proto = _export(model, batches[0], names)
-    path = _onnxruntime_quantized(proto, feeds[:4], tmp_path, "QInt8", per_channel=True)
+    path = onnxruntime_quantized(proto, feeds[:4], tmp_path, "QInt8", per_channel=True)
     ir = forge.from_onnx(path)
     with caplog.at_level(logging.INFO, logger="forge.quantization"):
         ir.compile(output_path=str(tmp_path / "q"))

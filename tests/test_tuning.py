@@ -57,6 +57,29 @@ def test_a_fresh_module_reuses_the_database(tuned, tmp_path, caplog):
     assert any("Tuned" in r.getMessage() for r in caplog.records)
 
 
+def test_tuning_a_quantized_model_keeps_onnxruntimes_int8_numbers(tmp_path, caplog):
+    """onnxruntime's QDQ model of a conv net: its integer kernels (the VNNI rules' schedules seed the database)
+    are tuned and compiled from the database, and the output is still onnxruntime's int8 output."""
+    import onnxruntime as ort
+    from model_factory import onnxruntime_quantized
+
+    rng = np.random.default_rng(3)
+    samples = [{"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)} for _ in range(5)]
+    path = onnxruntime_quantized(conv_bn_net(seed=2, channels=16), samples[:4], tmp_path, "QUInt8")
+    ir = forge.from_onnx(path)
+    report = ir.tune(work_dir=tmp_path / "db", trials=4, time_budget=300, progress=False)
+    assert report.tasks and all(task.best_ms is not None for task in report.tasks)
+    with caplog.at_level(logging.INFO, logger="forge"):
+        ir.compile(output_path=str(tmp_path / "q"))
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("integer lowering: ") and "0 quantized" not in m for m in messages), messages
+    assert any(m.startswith("schedules: Tuned") for m in messages), messages
+    x = samples[4]["x"]
+    expected = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = forge.Runtime(str(tmp_path / "q")).infer(x)[0]
+    assert (got == expected).mean() >= 0.99 and np.abs(got - expected).max() <= 0.02 * np.abs(expected).max()
+
+
 def test_time_budget_and_argument_errors(tmp_path):
     ir = forge.from_onnx(conv_bn_net(seed=2))
     with pytest.raises(ValueError, match="trials must be a non-negative integer"):
