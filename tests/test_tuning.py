@@ -80,6 +80,49 @@ def test_tuning_a_quantized_model_keeps_onnxruntimes_int8_numbers(tmp_path, capl
     assert (got == expected).mean() >= 0.99 and np.abs(got - expected).max() <= 0.02 * np.abs(expected).max()
 
 
+@pytest.mark.parametrize("intrinsic,mcpu", [("dot_16x4_vnni", "znver4"), ("dot_16x4_avx512", "skylake-avx512")])
+def test_tvms_x86_intrinsics_the_search_tensorizes_with_are_exact_on_full_range_bytes(intrinsic, mcpu):
+    """MetaSchedule's x86 design spaces tensorize uint8 x int8 blocks with TVM's ``dot_16x4_vnni`` (which LLVM
+    22 rejects) and ``dot_16x4_avx512`` (``pmaddubsw``, which saturates): within the search, and when records are
+    applied, both names compute exactly. Each runs on this CPU (AVX-512 VNNI)."""
+    import tvm
+    from tvm import s_tir
+    from tvm.script import tirx as T
+
+    from forge_core.tuning.intrinsics import cpu_tensor_intrinsics
+
+    @T.prim_func(s_tir=True)
+    def dot(a: T.Buffer((8, 64), "uint8"), b: T.Buffer((2, 16, 16, 4), "int8"),
+            c: T.Buffer((8, 32), "int32")) -> None:
+        # b packed as the search's layout rewrite packs it: [N/16, K/4, 16, 4]
+        for i, j, k in T.grid(8, 32, 64):
+            with T.sblock("dot"):
+                vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                with T.init():
+                    c[vi, vj] = 0
+                c[vi, vj] = c[vi, vj] + T.cast(a[vi, vk], "int32") * T.cast(b[vj // 16, vk // 4, vj % 16, vk % 4],
+                                                                           "int32")
+
+    sch = s_tir.Schedule(dot)
+    block = sch.get_sblock("dot")
+    i, j, k = sch.get_loops(block)
+    j_outer, j_inner = sch.split(j, [None, 16])
+    k_outer, k_inner = sch.split(k, [None, 4])
+    sch.reorder(i, j_outer, k_outer, j_inner, k_inner)
+    sch.decompose_reduction(block, k_outer)
+    with cpu_tensor_intrinsics():
+        sch.tensorize(j_inner, intrinsic)
+        kernel = tvm.compile(sch.mod, target=tvm.target.Target({"kind": "llvm", "mcpu": mcpu}))
+    rng = np.random.default_rng(0)
+    a = np.full((8, 64), 255, np.uint8)  # pmaddubsw's worst case: 255 * 127 + 255 * 127 > 32767
+    a[4:] = rng.integers(0, 256, (4, 64))
+    b = np.where(rng.random((32, 64)) < 0.5, 127, -128).astype(np.int8)
+    c = tvm.runtime.tensor(np.zeros((8, 32), np.int32))
+    packed = b.reshape(2, 16, 16, 4).transpose(0, 2, 1, 3).copy()
+    kernel(tvm.runtime.tensor(a), tvm.runtime.tensor(packed), c)
+    np.testing.assert_array_equal(c.numpy(), a.astype(np.int64) @ b.astype(np.int64).T)
+
+
 def test_time_budget_and_argument_errors(tmp_path):
     ir = forge.from_onnx(conv_bn_net(seed=2))
     with pytest.raises(ValueError, match="trials must be a non-negative integer"):

@@ -67,8 +67,9 @@ def _readers(func: relax.Function) -> tuple[dict[int, relax.Var], dict[int, list
 
 def held_weights(func: relax.Function) -> list[relax.Var]:
     """The bindings of ``func`` that :func:`fold_constants` keeps: dequantized integer constants read as weights."""
-    if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
-        return []
+    if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr) or (
+            func.attrs is not None and ("Codegen" in func.attrs or "Composite" in func.attrs)):
+        return []  # a partition's signature is its callers': it keeps its parameters
     var_of, readers = _readers(func)
 
     def read_as_weight(var: relax.Var, transposed_ok: bool) -> bool:

@@ -30,12 +30,12 @@ SDOT_4x4 = "forge_dot_4x4_i8i8i32_sdot"
 VNNI_PIXELS_16x4 = "forge_dot_16x4_u8i8i32_vnni_pixels"
 
 
-def _description(lanes: int, data: str = "uint8") -> tvm.tirx.PrimFunc:
+def _description(lanes: int, data: str = "uint8", scope: str = "local") -> tvm.tirx.PrimFunc:
     @T.prim_func(s_tir=True)
     def description(a: T.handle, b: T.handle, c: T.handle) -> None:
         A = T.match_buffer(a, (4,), data, offset_factor=1)
         B = T.match_buffer(b, (lanes, 4), "int8", offset_factor=1)
-        C = T.match_buffer(c, (lanes,), "int32", offset_factor=1, scope="local")
+        C = T.match_buffer(c, (lanes,), "int32", offset_factor=1, scope=scope)
         with T.sblock("root"):
             T.reads(C[0:lanes], A[0:4], B[0:lanes, 0:4])
             T.writes(C[0:lanes])
@@ -48,14 +48,14 @@ def _description(lanes: int, data: str = "uint8") -> tvm.tirx.PrimFunc:
     return description
 
 
-def _vnni(lanes: int, llvm_name: str) -> tvm.tirx.PrimFunc:
+def _vnni(lanes: int, llvm_name: str, scope: str = "local") -> tvm.tirx.PrimFunc:
     bytes_ = lanes * 4
 
     @T.prim_func(s_tir=True)
     def implementation(a: T.handle, b: T.handle, c: T.handle) -> None:
         A = T.match_buffer(a, (4,), "uint8", offset_factor=1)
         B = T.match_buffer(b, (lanes, 4), "int8", offset_factor=1)
-        C = T.match_buffer(c, (lanes,), "int32", offset_factor=1, scope="local")
+        C = T.match_buffer(c, (lanes,), "int32", offset_factor=1, scope=scope)
         with T.sblock("root"):
             T.reads(C[0:lanes], A[0:4], B[0:lanes, 0:4])
             T.writes(C[0:lanes])
@@ -146,3 +146,24 @@ def register() -> None:
     TensorIntrin.register(SDOT_4x4, _description(4, "int8"), _sdot(), override=True)
     _registered = True
 
+
+
+def override_tvm_x86() -> None:
+    """TVM's own x86 intrinsics, which MetaSchedule's search tensorizes with (and its records name), made correct.
+
+    The search's x86 design spaces tensorize with ``dot_16x4_vnni`` on a VNNI
+    target, which fails LLVM's verifier (see the module doc), and with
+    ``dot_16x4_avx512`` on an AVX-512 target without VNNI, whose
+    ``pmaddubsw`` saturates on full-range uint8 x int8 data: a tuned record
+    could then give wrong numbers. Under the same names, the first becomes
+    Forge's ``vpdpbusd`` implementation and the second plain int32
+    multiply-adds (exact; the search measures them and keeps the faster
+    schedule). Needs ``tvm.s_tir.tensor_intrin.x86`` imported (it registers
+    the names); idempotent.
+    """
+    from tvm.s_tir.tensor_intrin import x86
+
+    description = x86.dot_product_16x4_u8i8i32_desc
+    TensorIntrin.register(x86.VNNI_DOT_16x4_INTRIN, description,
+                          _vnni(16, "llvm.x86.avx512.vpdpbusd.512", scope="global"), override=True)
+    TensorIntrin.register(x86.AVX512_DOT_16x4_INTRIN, description, _description(16, scope="global"), override=True)

@@ -7,17 +7,12 @@ slower than what compiling without tuning gives.
 
 from __future__ import annotations
 
-import contextlib
 import gc
-import importlib
-import importlib.util
 import logging
 import os
 import shutil
-import sys
 import tempfile
 import time
-import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +32,7 @@ from forge_core.targets.parsing import resolve_target
 from forge_core.errors import FileAccessError
 from forge_core.files import StagedDirectory
 from forge_core.tuning.database import check_database_directory, check_written, open_database
+from forge_core.tuning.intrinsics import cpu_tensor_intrinsics
 from forge_core.tuning.builder import make_builder
 from forge_core.remote.devices import RemoteDevices
 from forge_core.tuning.runners import device_count, make_runner
@@ -203,39 +199,6 @@ def _seed_defaults(tasks: list[Any], target: tvm.target.Target, database: Any, b
         )
         measured[name] = secs * 1000
     return measured
-
-
-_INTRINSICS = "tvm.s_tir.tensor_intrin"
-
-
-@contextlib.contextmanager
-def cpu_tensor_intrinsics() -> Any:
-    """TVM's CPU tensor intrinsics (x86, Arm) for the search, without the rest of ``tensor_intrin``.
-
-    MetaSchedule's ``TuneContext`` imports the whole package, whose CUDA and
-    ROCm halves parse some 250 TVMScript functions; each parse walks the call
-    stack and every loaded module (``inspect.stack``), so in a process that
-    has loaded torch and TensorFlow the import took most of a short session
-    (measured: 59 s of a 73 s profile of 8 trials). Within this block the
-    package is a stub that holds only the CPU submodules; afterwards a real
-    import of the package (GPU work) runs as it would have, those two reused.
-    """
-    if _INTRINSICS in sys.modules:
-        yield
-        return
-    spec = importlib.util.find_spec(_INTRINSICS)
-    stub = types.ModuleType(_INTRINSICS)
-    stub.__path__ = list(spec.submodule_search_locations or [])
-    stub.__spec__ = spec
-    stub.__package__ = _INTRINSICS
-    sys.modules[_INTRINSICS] = stub
-    try:
-        importlib.import_module(f"{_INTRINSICS}.x86")
-        importlib.import_module(f"{_INTRINSICS}.arm_cpu")
-        yield
-    finally:
-        if sys.modules.get(_INTRINSICS) is stub:
-            del sys.modules[_INTRINSICS]
 
 
 def search_strategy(trials_per_task: int) -> Any:
