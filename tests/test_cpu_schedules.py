@@ -91,11 +91,38 @@ def compile_and_compare(model, tmp_path, caplog):
          "WholeTensorReduction"),
         ("global_pool", single_node("GlobalAveragePool", [("x", [1, 64, 7, 7])], [1, 64, 1, 1]), "Reduction"),
         ("elementwise", single_node("Relu", [("x", [4, 64, 32])], [4, 64, 32]), "Elementwise"),
+        # A whole tensor to one value (DynamicQuantizeLinear's min and max): vector-wide partial results.
+        ("reduce_max_all", single_node("ReduceMax", [("x", [1, 128, 384])], [], keepdims=0), "ScalarReduction"),
+        ("reduce_min_all_keepdims", single_node("ReduceMin", [("x", [3, 64, 80])], [1, 1, 1]), "ScalarReduction"),
+        ("reduce_sum_all_32_lanes", single_node("ReduceSum", [("x", [3, 17, 32])], [], keepdims=0),
+         "ScalarReduction"),
+        ("reduce_max_all_odd", single_node("ReduceMax", [("x", [7, 13])], [], keepdims=0), "Generic"),
     ],
 )
 def test_each_rule_takes_its_operator_and_keeps_the_numbers(name, model, rule, tmp_path, caplog):
     counts = compile_and_compare(model, tmp_path, caplog)
     assert counts.get(rule, 0) >= 1, counts
+
+
+@pytest.mark.parametrize("opt_level", [0, 1, 2, 3, 4])
+def test_a_scalar_reduction_with_its_scalar_epilogue_keeps_the_numbers_at_each_opt_level(opt_level, tmp_path,
+                                                                                           caplog):
+    """DynamicQuantizeLinear's form: min and max of a whole activation, then scalar arithmetic (fused from
+    opt_level 1), against onnxruntime."""
+    nodes = [helper.make_node("ReduceMax", ["x"], ["hi"], keepdims=0),
+             helper.make_node("ReduceMin", ["x"], ["lo"], keepdims=0),
+             helper.make_node("Sub", ["hi", "lo"], ["span"]),
+             helper.make_node("Mul", ["span", "k"], ["y"])]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 48, 64])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])],
+                       [numpy_helper.from_array(np.float32(1 / 255), "k")])
+    x = RNG.standard_normal((2, 48, 64)).astype(np.float32)
+    (expected,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    with caplog.at_level(logging.INFO, logger="forge.schedule"):
+        forge.from_onnx(model).compile(output_path=tmp_path / "a", opt_level=opt_level)
+    np.testing.assert_array_equal(forge.Runtime(tmp_path / "a").infer(x)[0], expected)
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("schedules:"))
+    assert "ScalarReduction 2" in line, line
 
 
 def test_pointwise_tile_straddles_rows_with_bias_residual_and_clip(tmp_path, caplog):

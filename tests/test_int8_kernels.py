@@ -487,6 +487,35 @@ def test_onnxruntime_int8_bert_with_an_infinite_mask_range_gives_onnxruntimes_nu
     _assert_onnxruntimes_int8(np.asarray(ir.get_inference_function()(*feeds[4].values())), expected)
 
 
+def test_onnxruntime_dynamic_int8_bert_computes_its_matmuls_on_the_vnni_rule(tmp_path):
+    """onnxruntime's ``quantize_dynamic``: DynamicQuantizeLinear (a min and a max of each activation) then
+    MatMulInteger with int8 weights. Forge's converter writes ``u8 @ i8 - z * colsum(w)``, which the VNNI rule
+    takes; the min and max take the scalar-reduction rule; the output is onnxruntime's."""
+    import json
+
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from hf_models import ARCHITECTURES
+
+    arch = ARCHITECTURES["bert"]
+    names = list(arch.input_names)
+    inputs = arch.inputs(batch=1, length=16, seed=4)
+    source, target = tmp_path / "fp32.onnx", tmp_path / "dynamic.onnx"
+    onnx.save(_export(arch.build(seed=3), inputs, names), source)
+    quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8)
+    assert sum(n.op_type == "MatMulInteger" for n in onnx.load(str(target)).graph.node) == 12
+    feed = {n: t.numpy() for n, t in zip(names, inputs)}
+    forge.from_onnx(str(target)).compile(output_path=str(tmp_path / "q"), export_metadata=True)
+    got = forge.Runtime(str(tmp_path / "q")).infer(*feed.values())[0]
+    expected = _onnxruntime(str(target), feed)
+    assert np.abs(got - expected).max() <= 1e-4 * np.abs(expected).max(), np.abs(got - expected).max()
+    rules = json.loads((tmp_path / "q" / "model_metadata.json").read_text())["schedules"]["rules"]
+    matmuls = [name for name, rule in rules.items() if "matmul" in name and rule == "Int8Matmul"]
+    assert len(matmuls) >= 4, rules  # q/k/v/o, the two FFN layers (kernels of equal shapes shared)
+    assert "Generic" not in rules.values(), rules
+
+
 @needs_vnni
 def test_quantized_bert_encoder_computes_its_dense_layers_in_integers(tmp_path, caplog):
     import json

@@ -318,6 +318,29 @@ def test_qlinear_matmul():
                   "b": RNG.integers(0, 255, (5, 3)).astype(np.uint8)}, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("a_zp,b_zp", [(np.uint8(131), np.int8(0)), (np.uint8(131), None), (None, None),
+                                       (np.uint8(131), np.int8(3)), (np.array([131], np.uint8), None)],
+                         ids=["zero_b_zp", "no_b_zp", "no_zero_points", "b_zp_3", "a_zp_one_element"])
+def test_matmul_integer_with_an_int8_weight(a_zp, b_zp):
+    """onnxruntime's quantize_dynamic form: uint8 activations (a zero point), an int8 constant weight. With the
+    weight's zero point 0 Forge writes ``u8 @ i8 - z * colsum(w)`` (the VNNI rule's form); other zero points go
+    to TVM's converter. Exact against onnxruntime either way; odd sizes (5 x 36 @ 36 x 40)."""
+    weight = RNG.integers(-128, 128, (36, 40)).astype(np.int8)
+    inits = [numpy_helper.from_array(weight, "b")]
+    names = ["a", "b", "", ""]
+    if a_zp is not None:
+        inits.append(numpy_helper.from_array(np.asarray(a_zp), "a_zp"))
+        names[2] = "a_zp"
+    if b_zp is not None:
+        inits.append(numpy_helper.from_array(np.asarray(b_zp), "b_zp"))
+        names[3] = "b_zp"
+    node = helper.make_node("MatMulInteger", names[:4 if b_zp is not None else 3 if a_zp is not None else 2], ["y"])
+    graph = helper.make_graph([node], "q", [vi("a", TensorProto.UINT8, [5, 36])], [vi("y", TensorProto.INT32, [5, 40])],
+                              inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=IR_VERSION)
+    check(model, {"a": RNG.integers(0, 256, (5, 36)).astype(np.uint8)}, rtol=0, atol=0)
+
+
 def _recurrent_model(op, gates, direction, hidden=3, seq=4, batch=2, features=5, **attrs):
     dirs = 2 if direction == "bidirectional" else 1
     tensors = {"W": rand(dirs, gates * hidden, features) * 0.5, "R": rand(dirs, gates * hidden, hidden) * 0.5,

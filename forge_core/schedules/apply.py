@@ -22,7 +22,7 @@ from forge_core.schedules.matmul import Matmul
 from forge_core.schedules.plane_reduction import PlaneReduction
 from forge_core.schedules.pointwise_conv2d import PointwiseConv2dNCHW
 from forge_core.schedules.pool import WindowPoolNCX
-from forge_core.schedules.reduction import WholeTensorReduction
+from forge_core.schedules.reduction import ScalarReduction, WholeTensorReduction
 
 logger = logging.getLogger("forge.schedule")
 
@@ -34,7 +34,7 @@ FALLBACK_RULES = ("Generic",)
 def default_rules() -> list[dlight.ScheduleRule]:
     """Forge's CPU rules, most specific first."""
     return [Int8PointwiseConv2dNCHW(), Int8Conv2dNCHW(), Int8Matmul(), PointwiseConv2dNCHW(), Conv2dNCHW(), GroupedConv2dNCHW(), ConvTransposeNCHW(), ConvNCX(),
-            GroupedConvNCX(), WindowPoolNCX(), Matmul(), WholeTensorReduction(), PlaneReduction(),
+            GroupedConvNCX(), WindowPoolNCX(), Matmul(), WholeTensorReduction(), ScalarReduction(), PlaneReduction(),
             dlight.cpu.Reduction(), Elementwise(), Generic()]
 
 

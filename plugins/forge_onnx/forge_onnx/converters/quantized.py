@@ -1,4 +1,14 @@
-"""QLinearMatMul: integer matrix product, requantized with round-half-to-even as ONNX specifies."""
+"""Quantized matrix products.
+
+* QLinearMatMul: integer matrix product, requantized with round-half-to-even as ONNX specifies.
+* MatMulInteger (what onnxruntime's ``quantize_dynamic`` writes, after a
+  ``DynamicQuantizeLinear``): with a constant int8 right-hand side whose zero
+  point is 0 and a uint8 left-hand side with one zero point ``z``, the product
+  is ``u @ w - z * colsum(w)``, exactly: ``matmul(uint8, int8 constant)`` is
+  the form the VNNI rule (``Int8Matmul``) takes, and the zero point's term is
+  a constant vector times a scalar. Other operands go to TVM's converter
+  (every operand widened to int32 first).
+"""
 
 from __future__ import annotations
 
@@ -50,4 +60,31 @@ def qlinear_matmul(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, A
     return relax.op.astype(relax.op.clip(shifted, float(info.min), float(info.max)), out_dtype)
 
 
-CONVERTERS = {"QLinearMatMul": qlinear_matmul}
+def _scalar_zero(zero_point: Any) -> bool:
+    """An absent zero point, or a constant one equal to 0 everywhere."""
+    if zero_point is None:
+        return True
+    value = getattr(zero_point, "value", None)
+    return value is not None and hasattr(value, "numpy") and not np.any(value.numpy())
+
+
+def matmul_integer(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
+                   context: ConverterContext) -> relax.Expr:
+    """MatMulInteger: ``(a - a_zp) @ (b - b_zp)`` in int32; as ``u8 @ i8 - z * colsum(b)`` when it can."""
+    a, b, *zero_points = [*inputs, None, None][:4]
+    a_zp, b_zp = zero_points[0], zero_points[1]
+    weight = getattr(b, "value", None)
+    if weight is None or not hasattr(weight, "numpy") or str(b.ty.dtype) != "int8" or b.ty.ndim != 2 \
+            or str(a.ty.dtype) != "uint8" or not _scalar_zero(b_zp) \
+            or (a_zp is not None and (a_zp.ty.ndim not in (0, 1) or a_zp.ty.ndim == 1 and
+                                      [int(d) for d in a_zp.ty.shape.values] != [1])):
+        return context.tvm_convert("MatMulInteger", inputs)
+    product = bb.emit(relax.op.matmul(a, b, out_dtype="int32"))
+    if a_zp is None or _scalar_zero(a_zp):
+        return product
+    column_sums = relax.const(weight.numpy().astype(np.int64).sum(axis=0).astype(np.int32))
+    zero_point = bb.emit(relax.op.reshape(relax.op.astype(a_zp, "int32"), []))
+    return relax.op.subtract(product, relax.op.multiply(zero_point, column_sums))
+
+
+CONVERTERS = {"QLinearMatMul": qlinear_matmul, "MatMulInteger": matmul_integer}
