@@ -516,6 +516,29 @@ def test_onnxruntime_dynamic_int8_bert_computes_its_matmuls_on_the_vnni_rule(tmp
     assert "Generic" not in rules.values(), rules
 
 
+@pytest.mark.parametrize("opt_level", [0, 3])
+def test_onnxruntime_dynamic_int8_conv_net_loads_and_gives_onnxruntimes_numbers(tmp_path, opt_level):
+    """quantize_dynamic on MobileNet blocks: ConvInteger (which TVM does not convert) for every convolution;
+    the unpadded 1x1 ones take the integer rules, the padded ones compute in int32; exact against onnxruntime."""
+    import json
+
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    torch.manual_seed(7)
+    source, target = tmp_path / "fp32.onnx", tmp_path / "dynamic.onnx"
+    onnx.save(_export(InvertedResiduals().eval(), (torch.randn(1, 3, 16, 16),), ["x"]), source)
+    quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8)
+    assert sum(n.op_type == "ConvInteger" for n in onnx.load(str(target)).graph.node) == 8
+    x = np.random.default_rng(1).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    forge.from_onnx(str(target)).compile(output_path=str(tmp_path / "q"), opt_level=opt_level, export_metadata=True)
+    got = forge.Runtime(str(tmp_path / "q")).infer(x)[0]
+    expected = _onnxruntime(str(target), {"x": x})
+    assert np.abs(got - expected).max() <= 1e-5 * np.abs(expected).max(), np.abs(got - expected).max()
+    rules = set(json.loads((tmp_path / "q" / "model_metadata.json").read_text())["schedules"]["rules"].values())
+    assert "Int8PointwiseConv2dNCHW" in rules and "ScalarReduction" in rules, rules
+
+
 @needs_vnni
 def test_quantized_bert_encoder_computes_its_dense_layers_in_integers(tmp_path, caplog):
     import json

@@ -341,6 +341,43 @@ def test_matmul_integer_with_an_int8_weight(a_zp, b_zp):
     check(model, {"a": RNG.integers(0, 256, (5, 36)).astype(np.uint8)}, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("kernel,pads,strides,group,w_zp", [
+    (1, [0, 0, 0, 0], [1, 1], 1, None),  # conv(u8, i8) - z * sum(w): the integer rules' form
+    (3, [0, 0, 0, 0], [2, 2], 1, 0),  # the same, strided, with a zero weight zero point
+    (3, [1, 1, 1, 1], [1, 1], 1, None),  # padded: zeros in the centered domain, in int32
+    (3, [1, 0, 2, 1], [2, 1], 12, None),  # depthwise, asymmetric padding
+    (1, [0, 0, 0, 0], [1, 1], 1, 3),  # a weight zero point that is not 0: int32 (onnxruntime: per tensor only)
+], ids=["pointwise", "strided", "padded", "depthwise", "weight_zero_point"])
+def test_conv_integer_with_an_int8_weight(kernel, pads, strides, group, w_zp):
+    """onnxruntime's quantize_dynamic writes ConvInteger (TVM has no converter): exact against onnxruntime."""
+    channels, out_channels = 12, 12 if group > 1 else 20
+    weight = RNG.integers(-128, 128, (out_channels, channels // group, kernel, kernel)).astype(np.int8)
+    inits = [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(np.uint8(131), "x_zp")]
+    names = ["x", "w", "x_zp"]
+    if w_zp is not None:
+        inits.append(numpy_helper.from_array(np.asarray(np.int8(w_zp)), "w_zp"))
+        names.append("w_zp")
+    height, width = 9, 11
+    out_h = (height + pads[0] + pads[2] - kernel) // strides[0] + 1
+    out_w = (width + pads[1] + pads[3] - kernel) // strides[1] + 1
+    node = helper.make_node("ConvInteger", names, ["y"], pads=pads, strides=strides, group=group,
+                            kernel_shape=[kernel, kernel])
+    graph = helper.make_graph([node], "q", [vi("x", TensorProto.UINT8, [2, channels, height, width])],
+                              [vi("y", TensorProto.INT32, [2, out_channels, out_h, out_w])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=IR_VERSION)
+    check(model, {"x": RNG.integers(0, 256, (2, channels, height, width)).astype(np.uint8)}, rtol=0, atol=0)
+
+
+def test_conv_integer_names_what_it_does_not_convert():
+    node = helper.make_node("ConvInteger", ["x", "w"], ["y"], auto_pad="SAME_UPPER")
+    graph = helper.make_graph([node], "q", [vi("x", TensorProto.UINT8, [1, 4, 5, 5])],
+                              [vi("y", TensorProto.INT32, [1, 4, 5, 5])],
+                              [numpy_helper.from_array(RNG.integers(-9, 9, (4, 4, 3, 3)).astype(np.int8), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=IR_VERSION)
+    with pytest.raises(forge.OperatorConversionError, match="ConvInteger.*auto_pad=SAME_UPPER"):
+        forge.from_onnx(model)
+
+
 def _recurrent_model(op, gates, direction, hidden=3, seq=4, batch=2, features=5, **attrs):
     dirs = 2 if direction == "bidirectional" else 1
     tensors = {"W": rand(dirs, gates * hidden, features) * 0.5, "R": rand(dirs, gates * hidden, hidden) * 0.5,

@@ -8,6 +8,11 @@
   the form the VNNI rule (``Int8Matmul``) takes, and the zero point's term is
   a constant vector times a scalar. Other operands go to TVM's converter
   (every operand widened to int32 first).
+* ConvInteger (``quantize_dynamic``'s convolutions; TVM has no converter):
+  ``conv(x - x_zp, w - w_zp)`` in int32, the padding zeros in that centered
+  domain as ONNX's reference pads. Unpadded, ungrouped, with a constant int8
+  weight whose zero point is 0 and a uint8 input, it is
+  ``conv(u8, i8) - z * sum(w)``, the integer convolution rules' form.
 """
 
 from __future__ import annotations
@@ -83,8 +88,60 @@ def matmul_integer(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, A
     if a_zp is None or _scalar_zero(a_zp):
         return product
     column_sums = relax.const(weight.numpy().astype(np.int64).sum(axis=0).astype(np.int32))
-    zero_point = bb.emit(relax.op.reshape(relax.op.astype(a_zp, "int32"), []))
+    zero_point = bb.emit(relax.op.reshape(bb.emit(relax.op.astype(a_zp, "int32")), []))
     return relax.op.subtract(product, relax.op.multiply(zero_point, column_sums))
 
 
-CONVERTERS = {"QLinearMatMul": qlinear_matmul, "MatMulInteger": matmul_integer}
+def _one_value(zero_point: Any) -> bool:
+    """A zero point that is one value: a scalar, or a vector of one element."""
+    shape = zero_point.ty.shape
+    return zero_point.ty.ndim == 0 or (zero_point.ty.ndim == 1 and shape is not None
+                                       and [int(d) for d in shape.values] == [1])
+
+
+def conv_integer(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
+                 context: ConverterContext) -> relax.Expr:
+    """ConvInteger: ``conv(x - x_zp, w - w_zp)`` in int32 (2-D; explicit or VALID padding)."""
+    x, w, *zero_points = [*inputs, None, None][:4]
+    x_zp, w_zp = zero_points[0], zero_points[1]
+    if x.ty.ndim != 4 or w.ty.ndim != 4:
+        raise ValueError(f"ConvInteger: Forge converts 2-D convolutions (4-D input and weight); given input rank "
+                         f"{x.ty.ndim}, weight rank {w.ty.ndim}")
+    auto_pad = attrs.get("auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
+    if auto_pad not in ("NOTSET", "VALID"):
+        raise ValueError(f"ConvInteger: auto_pad={auto_pad} is not supported; export with explicit pads")
+    pads = [int(p) for p in attrs.get("pads", [0, 0, 0, 0])] if auto_pad == "NOTSET" else [0, 0, 0, 0]
+    strides = [int(v) for v in attrs.get("strides", [1, 1])]
+    dilations = [int(v) for v in attrs.get("dilations", [1, 1])]
+    groups = int(attrs.get("group", 1))
+    padding = [pads[0], pads[1], pads[2], pads[3]]  # ONNX: begins (top, left), ends (bottom, right)
+    weight = getattr(w, "value", None)
+    if weight is not None and hasattr(weight, "numpy") and str(w.ty.dtype) == "int8" and str(x.ty.dtype) == "uint8" \
+            and _scalar_zero(w_zp) and groups == 1 and not any(pads) \
+            and (x_zp is None or _one_value(x_zp)):
+        product = bb.emit(relax.op.nn.conv2d(x, w, strides=strides, dilation=dilations, out_dtype="int32"))
+        if x_zp is None or _scalar_zero(x_zp):
+            return product
+        sums = weight.numpy().astype(np.int64).reshape(weight.shape[0], -1).sum(axis=1)
+        zero_point = bb.emit(relax.op.reshape(bb.emit(relax.op.astype(x_zp, "int32")), []))
+        correction = relax.op.multiply(zero_point, relax.const(sums.astype(np.int32).reshape(1, -1, 1, 1)))
+        return relax.op.subtract(product, correction)
+    data = relax.op.astype(x, "int32")
+    if x_zp is not None:
+        if not _one_value(x_zp):
+            raise ValueError("ConvInteger: x_zero_point must be one value (a scalar or a 1-element vector)")
+        data = relax.op.subtract(data, relax.op.reshape(bb.emit(relax.op.astype(x_zp, "int32")), []))
+    kernel = relax.op.astype(w, "int32")
+    if w_zp is not None:
+        w_zero = bb.emit(relax.op.astype(w_zp, "int32"))
+        if w_zp.ty.ndim == 1 and not _one_value(w_zp):
+            w_zero = relax.op.reshape(w_zero, [-1, 1, 1, 1])  # one per output channel
+        else:
+            w_zero = relax.op.reshape(w_zero, [])
+        kernel = relax.op.subtract(kernel, w_zero)
+    return relax.op.nn.conv2d(bb.emit(data), bb.emit(kernel), strides=strides, padding=padding,
+                              dilation=dilations, groups=groups, out_dtype="int32")
+
+
+CONVERTERS = {"QLinearMatMul": qlinear_matmul, "MatMulInteger": matmul_integer, "ConvInteger": conv_integer}
