@@ -77,7 +77,9 @@ class IRModule(SignatureSurface):
         inline_partitions: Inlines all partitions (e.g. TensorRT subgraphs) into
             ``main`` during initialization if enabled. Defaults to False.
         fold_constants: Folds all constant branches during initialization if
-            enabled. Defaults to True.
+            enabled; a quantized weight (``dequantize`` of an int8 constant
+            read by a convolution or matmul) stays quantized, for the integer
+            kernels. Defaults to True.
         fold_batch_norms: Folds all inference batch norms into the preceding
             convolutions (or into a scale and shift) during initialization if
             enabled. Defaults to True.

@@ -34,7 +34,7 @@ FALLBACK_RULES = ("Generic",)
 def default_rules() -> list[dlight.ScheduleRule]:
     """Forge's CPU rules, most specific first."""
     return [Int8PointwiseConv2dNCHW(), Int8Conv2dNCHW(), Int8Matmul(), PointwiseConv2dNCHW(), Conv2dNCHW(), GroupedConv2dNCHW(), ConvTransposeNCHW(), ConvNCX(),
-            GroupedConvNCX(), WindowPoolNCX(), Matmul(), WholeTensorReduction(), ScalarReduction(), PlaneReduction(),
+            GroupedConvNCX(), WindowPoolNCX(), Matmul(), WholeTensorReduction(), PlaneReduction(), ScalarReduction(),
             dlight.cpu.Reduction(), Elementwise(), Generic()]
 
 
