@@ -28,13 +28,14 @@ from forge_core.graph.index import _handle
 _INTEGER_DTYPES = frozenset({"int8", "uint8", "int16", "int32"})
 
 
-def _op_name(call: relax.Expr) -> str:
+def op_name(call: relax.Expr) -> str:
+    """The operator's full name (``relax.nn.conv2d``) of a call to one; ``""`` for anything else."""
     return str(call.op.name) if isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) else ""
 
 
 def is_dequantized_constant(value: relax.Expr) -> bool:
     """``dequantize(c, scale, zero_point)`` with an integer constant ``c`` and constant parameters."""
-    return (_op_name(value) == "relax.dequantize"
+    return (op_name(value) == "relax.dequantize"
             and all(isinstance(a, tvm.ir.GenericConst) for a in value.args)
             and str(value.args[0].ty.dtype) in _INTEGER_DTYPES)
 
@@ -75,7 +76,7 @@ def held_weights(func: relax.Function) -> list[relax.Var]:
     def read_as_weight(var: relax.Var, transposed_ok: bool) -> bool:
         uses = readers.get(_handle(var), [])
         for reader, position in uses:
-            name = _op_name(reader)
+            name = op_name(reader)
             if name in ("relax.nn.conv2d", "relax.matmul") and position == 1:
                 continue
             if transposed_ok and name == "relax.permute_dims" and _handle(reader) in var_of \

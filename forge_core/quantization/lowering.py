@@ -69,6 +69,7 @@ from forge_core.graph.index import _handle
 from forge_core.ir.introspection import static_shape
 from forge_core.quantization.expand import saturate
 from forge_core.quantization.held_weights import fold_dequantized_constants, is_dequantized_constant
+from forge_core.quantization.held_weights import op_name as _op_name
 from forge_core.transforms.rebind import Emit, rebind
 
 logger = logging.getLogger("forge.quantization")
@@ -84,10 +85,6 @@ class _Activation:
     quantized: relax.Expr  # uint8 (int8 for Arm's sdot)
     scale: relax.Expr
     zero_point: relax.Expr  # of the same dtype
-
-
-def _op_name(call: relax.Expr) -> str:
-    return str(call.op.name) if isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) else ""
 
 
 def _constant(expr: relax.Expr) -> np.ndarray | None:

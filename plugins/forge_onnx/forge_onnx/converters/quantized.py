@@ -73,25 +73,6 @@ def _scalar_zero(zero_point: Any) -> bool:
     return value is not None and hasattr(value, "numpy") and not np.any(value.numpy())
 
 
-def matmul_integer(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
-                   context: ConverterContext) -> relax.Expr:
-    """MatMulInteger: ``(a - a_zp) @ (b - b_zp)`` in int32; as ``u8 @ i8 - z * colsum(b)`` when it can."""
-    a, b, *zero_points = [*inputs, None, None][:4]
-    a_zp, b_zp = zero_points[0], zero_points[1]
-    weight = getattr(b, "value", None)
-    if weight is None or not hasattr(weight, "numpy") or str(b.ty.dtype) != "int8" or b.ty.ndim != 2 \
-            or str(a.ty.dtype) != "uint8" or not _scalar_zero(b_zp) \
-            or (a_zp is not None and (a_zp.ty.ndim not in (0, 1) or a_zp.ty.ndim == 1 and
-                                      [int(d) for d in a_zp.ty.shape.values] != [1])):
-        return context.tvm_convert("MatMulInteger", inputs)
-    product = bb.emit(relax.op.matmul(a, b, out_dtype="int32"))
-    if a_zp is None or _scalar_zero(a_zp):
-        return product
-    column_sums = relax.const(weight.numpy().astype(np.int64).sum(axis=0).astype(np.int32))
-    zero_point = bb.emit(relax.op.reshape(bb.emit(relax.op.astype(a_zp, "int32")), []))
-    return relax.op.subtract(product, relax.op.multiply(zero_point, column_sums))
-
-
 def _one_value(zero_point: Any) -> bool:
     """A zero point that is one value: a scalar, or a vector of one element."""
     shape = zero_point.ty.shape
@@ -99,11 +80,31 @@ def _one_value(zero_point: Any) -> bool:
                                        and [int(d) for d in shape.values] == [1])
 
 
+def _minus_zero_point_term(bb: relax.BlockBuilder, product: relax.Expr, zero_point: Any,
+                           weight_sums: np.ndarray) -> relax.Expr:
+    """``product - z * weight_sums``: the activation zero point's term of an integer product, ``z`` one value."""
+    if zero_point is None or _scalar_zero(zero_point):
+        return product
+    z = bb.emit(relax.op.reshape(bb.emit(relax.op.astype(zero_point, "int32")), []))
+    return relax.op.subtract(product, relax.op.multiply(z, relax.const(weight_sums.astype(np.int32))))
+
+
+def matmul_integer(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
+                   context: ConverterContext) -> relax.Expr:
+    """MatMulInteger: ``(a - a_zp) @ (b - b_zp)`` in int32; as ``u8 @ i8 - z * colsum(b)`` when it can."""
+    a, b, a_zp, b_zp = [*inputs, None, None][:4]
+    weight = getattr(b, "value", None)
+    if weight is None or not hasattr(weight, "numpy") or str(b.ty.dtype) != "int8" or b.ty.ndim != 2 \
+            or str(a.ty.dtype) != "uint8" or not _scalar_zero(b_zp) or (a_zp is not None and not _one_value(a_zp)):
+        return context.tvm_convert("MatMulInteger", inputs)
+    product = bb.emit(relax.op.matmul(a, b, out_dtype="int32"))
+    return _minus_zero_point_term(bb, product, a_zp, weight.numpy().astype(np.int64).sum(axis=0))
+
+
 def conv_integer(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
                  context: ConverterContext) -> relax.Expr:
     """ConvInteger: ``conv(x - x_zp, w - w_zp)`` in int32 (2-D; explicit or VALID padding)."""
-    x, w, *zero_points = [*inputs, None, None][:4]
-    x_zp, w_zp = zero_points[0], zero_points[1]
+    x, w, x_zp, w_zp = [*inputs, None, None][:4]
     if x.ty.ndim != 4 or w.ty.ndim != 4:
         raise ValueError(f"ConvInteger: Forge converts 2-D convolutions (4-D input and weight); given input rank "
                          f"{x.ty.ndim}, weight rank {w.ty.ndim}")
@@ -121,12 +122,8 @@ def conv_integer(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any
             and _scalar_zero(w_zp) and groups == 1 and not any(pads) \
             and (x_zp is None or _one_value(x_zp)):
         product = bb.emit(relax.op.nn.conv2d(x, w, strides=strides, dilation=dilations, out_dtype="int32"))
-        if x_zp is None or _scalar_zero(x_zp):
-            return product
         sums = weight.numpy().astype(np.int64).reshape(weight.shape[0], -1).sum(axis=1)
-        zero_point = bb.emit(relax.op.reshape(bb.emit(relax.op.astype(x_zp, "int32")), []))
-        correction = relax.op.multiply(zero_point, relax.const(sums.astype(np.int32).reshape(1, -1, 1, 1)))
-        return relax.op.subtract(product, correction)
+        return _minus_zero_point_term(bb, product, x_zp, sums.reshape(1, -1, 1, 1))
     data = relax.op.astype(x, "int32")
     if x_zp is not None:
         if not _one_value(x_zp):
