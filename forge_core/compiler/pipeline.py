@@ -11,7 +11,9 @@ Graph preparation (Forge):
     LLVM fast-math flags.
 Build (TVM's per-target stages):
     library dispatch, legalization and fusion (fusion from ``opt_level >= 1``),
-    schedules (GPU: TVM's dlight rules), dataflow lowering, memory planning.
+    schedules (GPU: TVM's dlight rules), dataflow lowering, memory planning;
+    TVM's TIR lowering with small CPU buffers on the stack
+    (:mod:`forge_core.compiler.tir_pipeline`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from forge_core.passes import PassContext, run_passes
 from forge_core.quantization.expand import ExpandQuantize
 from forge_core.plugin_manager import get_plugin_manager
 from forge_core.compiler.metadata_builder import record_schedules, schedules_entry
+from forge_core.compiler.tir_pipeline import tir_pipeline
 from forge_core.schedules.apply import FALLBACK_RULES, fold_repacked_weights, log_fallbacks, schedule_report
 from forge_core.schedules.verify import take_failure, verification_enabled, verify_schedules
 
@@ -188,7 +191,7 @@ def build(mod: tvm.IRModule, target: tvm.target.Target, opt_level: int, *,
         pipeline = build_pipeline(target, opt_level, tuning_database=tuning_database, schedules=schedules)
         take_failure()
         try:
-            return tvm.compile(mod, target=target, relax_pipeline=pipeline)
+            return tvm.compile(mod, target=target, relax_pipeline=pipeline, tir_pipeline=tir_pipeline())
         except Exception:
             failure = take_failure()  # TVM's pass infrastructure re-raises it as another type
             if failure is not None:

@@ -18,11 +18,13 @@ from tvm.s_tir import meta_schedule as ms
 
 
 def build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params: dict[str, Any] | None) -> Any:
-    """Build one candidate as it runs after deployment: weight-repacking stages removed."""
+    """Build one candidate as it runs after deployment: weight-repacking stages removed, Forge's TIR lowering."""
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
+    from forge_core.compiler.tir_pipeline import tir_pipeline
+
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
-    return tvm.driver.build(mod, target=target)
+    return tvm.tirx.build(mod, target=target, pipeline=tir_pipeline())
 
 
 def export_candidate(scratch: str, mod: Any) -> str:
