@@ -144,6 +144,10 @@ CONV_CASES = [
     (4, 16, 4, 12, 1, 1, 0, "Int8PointwiseConv2dNCHW"),  # one group of 4 input channels
     (8, 16, 8, 8, 1, 2, 0, "Int8Conv2dNCHW"),  # stride 2: channel lanes
     (6, 16, 8, 8, 1, 1, 0, None),  # 4 does not divide C: the generic rule
+    # The input repack as vector interleaves of 16, 8, 14, 4 or 7 pixels (the first dividing W), else a loop.
+    (8, 32, 4, 16, 1, 1, 0, "Int8PointwiseConv2dNCHW"),  # 16 pixels
+    (8, 32, 5, 16, 3, 1, 0, "Int8Conv2dNCHW"),  # unpadded 3x3 on rows of 16
+    (12, 16, 14, 14, 1, 1, 0, "Int8Conv2dNCHW"),  # rows of 14: one interleave a row, 196 pixels
 ]
 
 
@@ -611,7 +615,7 @@ def test_raspberry_pi_5_int8_library_is_an_aarch64_elf(conv_net, tmp_path):
     assert elf_machine((tmp_path / "pi5" / "model_library.so").read_bytes()) == "aarch64"
 
 
-@pytest.mark.parametrize("op", ["conv2d", "matmul"])
+@pytest.mark.parametrize("op", ["conv2d", "conv2d_unpadded", "matmul"])
 def test_arm_dotprod_schedules_are_exact_with_the_instruction_emulated(op, monkeypatch):
     """The sdot kernels' tiling, repacking and tensorization, run here: the same schedule with the 4x4 dot
     product as plain loops (the one-instruction body runs only on Arm)."""
@@ -623,11 +627,12 @@ def test_arm_dotprod_schedules_are_exact_with_the_instruction_emulated(op, monke
     TensorIntrin.register(name, dot_intrinsics._description(4, "int8"), dot_intrinsics._description(4, "int8"),
                           override=True)
     monkeypatch.setattr(int8, "dot_product", lambda target: int8.DotProduct("int8", {4: name}, 4))
-    if op == "conv2d":
-        data = RNG.integers(-128, 128, (1, 12, 9, 11)).astype(np.int8)
+    if op.startswith("conv2d"):
+        padding = 0 if op == "conv2d_unpadded" else 1  # unpadded: the int8 input repacked by interleaves of 14
+        data = RNG.integers(-128, 128, (1, 12, 9, 14 if padding == 0 else 11)).astype(np.int8)
         weight = RNG.integers(-128, 128, (20, 12, 3, 3)).astype(np.int8)
-        reference = _reference_conv(data, weight, 1, 1)
-        attrs = {"padding": 1}
+        reference = _reference_conv(data, weight, 1, padding)
+        attrs = {"padding": padding}
     else:
         data = RNG.integers(-128, 128, (2, 5, 36)).astype(np.int8)
         weight = RNG.integers(-128, 128, (36, 28)).astype(np.int8)
@@ -637,14 +642,45 @@ def test_arm_dotprod_schedules_are_exact_with_the_instruction_emulated(op, monke
     x = relax.Var("data", relax.TensorType(data.shape, "int8"))
     with bb.function("main", [x]):
         with bb.dataflow():
-            call = (relax.op.nn.conv2d(x, relax.const(weight), out_dtype="int32", **attrs) if op == "conv2d"
+            call = (relax.op.nn.conv2d(x, relax.const(weight), out_dtype="int32", **attrs) if op.startswith("conv2d")
                     else relax.op.matmul(x, relax.const(weight), out_dtype="int32"))
             out = bb.emit_output(bb.emit(call))
         bb.emit_func_output(out)
     got, rules, _ = _run(bb.get(), NO_VNNI, [data], forge_build=True)
-    assert {"Int8Conv2dNCHW" if op == "conv2d" else "Int8Matmul"} <= rules, rules
+    assert {"Int8Conv2dNCHW" if op.startswith("conv2d") else "Int8Matmul"} <= rules, rules
     np.testing.assert_array_equal(got, reference)
 
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+@pytest.mark.parametrize("channels,height,width", [(8, 2, 32), (4, 3, 56), (12, 2, 28), (8, 3, 12), (16, 2, 7),
+                                                   (8, 2, 6)])
+def test_input_repack_interleaves_pixels_exactly(dtype, channels, height, width):
+    """pack_channels: NCHW -> [N, C/4, H, W, 4] as vector interleaves (16, 8, 14, 4, 7 pixels), else a loop."""
+    from tvm.s_tir import Schedule
+    from tvm.script import tirx as T
+
+    from forge_core.schedules.int8 import pack_channels
+
+    @T.prim_func(s_tir=True)
+    def repack(data: T.Buffer((1, channels, height, width), dtype),
+               packed: T.Buffer((1, channels // 4, height, width, 4), dtype)):
+        T.func_attr({"tirx.noalias": True, "global_symbol": "main"})
+        for a, c, h, w in T.grid(1, channels, height, width):
+            with T.sblock("packed"):
+                va, vc, vh, vw = T.axis.remap("SSSS", [a, c, h, w])
+                packed[va, vc // 4, vh, vw, vc % 4] = data[va, vc, vh, vw]
+
+    sch = Schedule(repack)
+    pack_channels(sch, sch.get_sblock("packed"), width)
+    interleaved = "T.Shuffle" in sch.mod["main"].script()
+    assert interleaved == any(width % p == 0 for p in (16, 8, 14, 4, 7))
+    info = np.iinfo(dtype)
+    data = RNG.integers(info.min, info.max + 1, (1, channels, height, width)).astype(dtype)
+    lib = tvm.compile(sch.mod, target=tvm.target.Target({"kind": "llvm", "num-cores": 2}))
+    got = tvm.runtime.tensor(np.zeros((1, channels // 4, height, width, 4), dtype))
+    lib["main"](tvm.runtime.tensor(data), got)
+    np.testing.assert_array_equal(got.numpy(), data.reshape(1, channels // 4, 4, height, width).transpose(0, 1, 3, 4, 2))
 
 
 @pytest.mark.parametrize("activation", ["relu6", "clip", "relu", "none", "shared"])

@@ -16,6 +16,12 @@ reinterpreted) and ``int8x64``.
 
 No saturating form (``pmaddubsw``, TVM's ``dot_16x4_avx512``) is used: it
 saturates int16 pairs on full-range uint8 x int8 data.
+
+:func:`interleave` is the input repack those kernels read: ``P`` pixels of 4
+channel rows of an NCHW feature map become ``P`` groups of 4 bytes, one pixel's
+4 channels together (the dot products' broadcast, or lane, operand): 4 vector
+loads and one shuffle where the repack had been a scalar byte store per
+element.
 """
 
 from __future__ import annotations
@@ -132,6 +138,59 @@ def _sdot() -> tvm.tirx.PrimFunc:
     return implementation
 
 
+def _interleave_description(pixels: int, dtype: str) -> tvm.tirx.PrimFunc:
+    @T.prim_func(s_tir=True)
+    def description(a: T.handle, b: T.handle) -> None:
+        channel_stride = T.int64()
+        row_stride = T.int64()
+        A = T.match_buffer(a, (4, 1, pixels), dtype, offset_factor=1, strides=[channel_stride, row_stride, 1])
+        B = T.match_buffer(b, (pixels, 4), dtype, offset_factor=1)
+        with T.sblock("root"):
+            T.reads(A[0:4, 0, 0:pixels])
+            T.writes(B[0:pixels, 0:4])
+            for i in T.serial(0, pixels):
+                for k in T.serial(0, 4):
+                    with T.sblock("interleave"):
+                        vi, vk = T.axis.remap("SS", [i, k])
+                        B[vi, vk] = A[vk, 0, vi]
+
+    return description
+
+
+def _interleave_implementation(pixels: int, dtype: str) -> tvm.tirx.PrimFunc:
+    order = [k * pixels + i for i in range(pixels) for k in range(4)]
+
+    @T.prim_func(s_tir=True)
+    def implementation(a: T.handle, b: T.handle) -> None:
+        channel_stride = T.int64()
+        row_stride = T.int64()
+        A = T.match_buffer(a, (4, 1, pixels), dtype, offset_factor=1, strides=[channel_stride, row_stride, 1])
+        B = T.match_buffer(b, (pixels, 4), dtype, offset_factor=1)
+        with T.sblock("root"):
+            T.reads(A[0:4, 0, 0:pixels])
+            T.writes(B[0:pixels, 0:4])
+            B[0, T.ramp(T.int64(0), 1, 4 * pixels)] = T.Shuffle(
+                [A[0, 0, T.ramp(T.int64(0), 1, pixels)], A[1, 0, T.ramp(T.int64(0), 1, pixels)],
+                 A[2, 0, T.ramp(T.int64(0), 1, pixels)], A[3, 0, T.ramp(T.int64(0), 1, pixels)]], order)
+
+    return implementation
+
+
+# Pixels per interleave, best first (measured on AVX-512: power-of-two vectors, then a whole row of 14 or 7).
+INTERLEAVE_PIXELS = (16, 8, 14, 4, 7)
+
+
+def interleave(pixels: int, dtype: str) -> str:
+    """The intrinsic turning ``[4 channels, 1 row, pixels]`` of ``dtype`` into ``[pixels, 4]`` (registered once)."""
+    name = f"forge_interleave_4x{pixels}_{dtype}"
+    if name not in _interleaves:
+        TensorIntrin.register(name, _interleave_description(pixels, dtype),
+                              _interleave_implementation(pixels, dtype), override=True)
+        _interleaves.add(name)
+    return name
+
+
+_interleaves: set[str] = set()
 _registered = False
 
 

@@ -13,7 +13,7 @@ instruction where fp32 FMA does 16.
 * :class:`Int8Conv2dNCHW`: groups=1; the weight repacked at compile time to
   ``[F/16, C/4, KH, KW, 16, 4]``, the input repacked once per call to
   ``[N, C/4, H, W, 4]`` (four channels of a pixel contiguous, the
-  broadcast operand); a register tile of up to 14 output pixels x one or two
+  broadcast operand; vector interleaves, :func:`pack_channels`); a register tile of up to 14 output pixels x one or two
   vectors of 16 output channels, the ``16 x 4`` inner block tensorized; the
   fused requantizing epilogue writes each tile back.
 
@@ -186,6 +186,31 @@ class Int8Matmul(dlight.ScheduleRule):
         return sch
 
 
+def pack_channels(sch: s_tir.Schedule, packed: s_tir.SBlockRV, width: int) -> None:
+    """Schedule the input repack (``packed`` writes 4 channels of a pixel together) as vector interleaves.
+
+    A plain copy of an NCHW input, ``width`` pixels a row, is tensorized with
+    :func:`~forge_core.schedules.dot_intrinsics.interleave` over the first of
+    :data:`~forge_core.schedules.dot_intrinsics.INTERLEAVE_PIXELS` dividing
+    ``width``; anything else (a padding stage, another width) stays a parallel
+    vectorized loop.
+    """
+    stmt = sch.get(packed)
+    data = stmt.reads[0].source if len(stmt.reads) == 1 else None
+    pixels = next((p for p in dot_intrinsics.INTERLEAVE_PIXELS if width % p == 0), None)
+    plain = isinstance(stmt.body, tirx.BufferStore) and isinstance(stmt.body.value, tvm.ir.expr.TensorLoad)
+    if pixels is None or data is None or not plain or len(data.shape) != 4 or int(data.shape[1]) % UNIT \
+            or int(data.shape[3]) != width or len(sch.get_loops(packed)) != 4:
+        parallel_vectorized(sch, packed, UNIT * LANES)
+        return
+    sch.transform_block_layout(packed, lambda a, c, h, w: (a, c // UNIT, h, w, c % UNIT))
+    a, c, h, w, k = sch.get_loops(packed)
+    w_outer, w_inner = sch.split(w, [None, pixels])
+    sch.reorder(a, c, h, w_outer, w_inner, k)
+    sch.parallel(sch.fuse(a, c, h))
+    sch.tensorize(w_inner, dot_intrinsics.interleave(pixels, str(data.dtype)))
+
+
 def vectorize_tail(sch: s_tir.Schedule, writer: s_tir.SBlockRV) -> None:
     """Vectorize the epilogue's innermost loop when it is a whole vector of int32/float32 lanes."""
     loops = sch.get_loops(writer)
@@ -243,7 +268,7 @@ class Int8Conv2dNCHW(dlight.ScheduleRule):
         sch.unroll(f_vectors)
         sch.decompose_reduction(conv, rc_outer)
         sch.tensorize(f_lanes, dot.intrinsics[lanes])
-        parallel_vectorized(sch, packed, UNIT * LANES)
+        pack_channels(sch, packed, int(data.shape[3]))
         return sch
 
 
@@ -311,5 +336,5 @@ class Int8PointwiseConv2dNCHW(dlight.ScheduleRule):
         sch.unroll(p_vectors)
         sch.decompose_reduction(conv, rc_outer)
         sch.tensorize(p_lanes, dot_intrinsics.VNNI_PIXELS_16x4)
-        parallel_vectorized(sch, packed, UNIT * LANES)
+        pack_channels(sch, packed, width)
         return sch
