@@ -190,6 +190,49 @@ def interleave(pixels: int, dtype: str) -> str:
     return name
 
 
+def _transpose_source(pixels: int, channels: int, dtype: str, implementation: bool) -> str:
+    head = f"""
+@T.prim_func(s_tir=True)
+def transpose(a: T.handle, b: T.handle) -> None:
+    pixel_stride = T.int64()
+    channel_stride = T.int64()
+    row_stride = T.int64()
+    A = T.match_buffer(a, ({pixels}, {channels}), "{dtype}", offset_factor=1, strides=[pixel_stride, 1], scope="local")
+    B = T.match_buffer(b, ({channels}, 1, {pixels}), "{dtype}", offset_factor=1,
+                       strides=[channel_stride, row_stride, 1])
+    with T.sblock("root"):
+        T.reads(A[0:{pixels}, 0:{channels}])
+        T.writes(B[0:{channels}, 0, 0:{pixels}])
+"""
+    if not implementation:
+        return head + f"""        for c in T.serial(0, {channels}):
+            for x in T.serial(0, {pixels}):
+                with T.sblock("transpose"):
+                    vc, vx = T.axis.remap("SS", [c, x])
+                    B[vc, 0, vx] = A[vx, vc]
+"""
+    pixel_vectors = ", ".join(f"A[{x}, T.ramp(T.int64(0), 1, {channels})]" for x in range(pixels))
+    return head + "".join(
+        f"        B[{c}, 0, T.ramp(T.int64(0), 1, {pixels})] = "
+        f"T.Shuffle([{pixel_vectors}], {[x * channels + c for x in range(pixels)]})\n" for c in range(channels))
+
+
+def transpose(pixels: int, channels: int, dtype: str) -> str:
+    """The intrinsic storing ``[pixels, channels]`` (one pixel's channels together, as a channel-lane kernel
+    computes them) into ``channels`` rows of ``pixels`` of an NCHW output: one shuffle a row, where the
+    epilogue had stored each byte alone. Registered once; written as TVMScript text (one statement a row)."""
+    name = f"forge_transpose_{pixels}x{channels}_{dtype}"
+    if name not in _interleaves:
+        import tvm.script
+
+        description, implementation = (
+            tvm.script.from_source(_transpose_source(pixels, channels, dtype, impl), extra_vars={"T": T})
+            for impl in (False, True))
+        TensorIntrin.register(name, description, implementation, override=True)
+        _interleaves.add(name)
+    return name
+
+
 _interleaves: set[str] = set()
 _registered = False
 
