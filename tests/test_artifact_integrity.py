@@ -58,7 +58,9 @@ def _splice(data: bytes, other: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("damage, message", [
-    (lambda d, other: d[:len(d) // 2], "carries no Forge checksum at its end: it is truncated"),
+    # Half a library: whether the half still holds the embedded metadata depends on the library's layout, and
+    # the error says "no checksum at its end: it is truncated" or "not a Forge library, or a truncated one".
+    (lambda d, other: d[:len(d) // 2], "truncated"),
     (lambda d, other: d[:-1], "carries no Forge checksum"),
     (lambda d, other: d[:len(d) // 2] + bytes([d[len(d) // 2] ^ 1]) + d[len(d) // 2 + 1:],
      "was modified or corrupted: the checksum of its"),
