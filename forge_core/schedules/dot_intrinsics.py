@@ -26,6 +26,8 @@ element.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import tvm
 from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
@@ -138,42 +140,28 @@ def _sdot() -> tvm.tirx.PrimFunc:
     return implementation
 
 
-def _interleave_description(pixels: int, dtype: str) -> tvm.tirx.PrimFunc:
-    @T.prim_func(s_tir=True)
-    def description(a: T.handle, b: T.handle) -> None:
-        channel_stride = T.int64()
-        row_stride = T.int64()
-        A = T.match_buffer(a, (4, 1, pixels), dtype, offset_factor=1, strides=[channel_stride, row_stride, 1])
-        B = T.match_buffer(b, (pixels, 4), dtype, offset_factor=1)
-        with T.sblock("root"):
-            T.reads(A[0:4, 0, 0:pixels])
-            T.writes(B[0:pixels, 0:4])
-            for i in T.serial(0, pixels):
-                for k in T.serial(0, 4):
-                    with T.sblock("interleave"):
-                        vi, vk = T.axis.remap("SS", [i, k])
-                        B[vi, vk] = A[vk, 0, vi]
-
-    return description
-
-
-def _interleave_implementation(pixels: int, dtype: str) -> tvm.tirx.PrimFunc:
+def _interleave_source(pixels: int, dtype: str, implementation: bool) -> str:
+    head = f"""
+@T.prim_func(s_tir=True)
+def interleave(a: T.handle, b: T.handle) -> None:
+    channel_stride = T.int64()
+    row_stride = T.int64()
+    A = T.match_buffer(a, (4, 1, {pixels}), "{dtype}", offset_factor=1, strides=[channel_stride, row_stride, 1])
+    B = T.match_buffer(b, ({pixels}, 4), "{dtype}", offset_factor=1)
+    with T.sblock("root"):
+        T.reads(A[0:4, 0, 0:{pixels}])
+        T.writes(B[0:{pixels}, 0:4])
+"""
+    if not implementation:
+        return head + f"""        for i in T.serial(0, {pixels}):
+            for k in T.serial(0, 4):
+                with T.sblock("interleave"):
+                    vi, vk = T.axis.remap("SS", [i, k])
+                    B[vi, vk] = A[vk, 0, vi]
+"""
+    rows = ", ".join(f"A[{k}, 0, T.ramp(T.int64(0), 1, {pixels})]" for k in range(4))
     order = [k * pixels + i for i in range(pixels) for k in range(4)]
-
-    @T.prim_func(s_tir=True)
-    def implementation(a: T.handle, b: T.handle) -> None:
-        channel_stride = T.int64()
-        row_stride = T.int64()
-        A = T.match_buffer(a, (4, 1, pixels), dtype, offset_factor=1, strides=[channel_stride, row_stride, 1])
-        B = T.match_buffer(b, (pixels, 4), dtype, offset_factor=1)
-        with T.sblock("root"):
-            T.reads(A[0:4, 0, 0:pixels])
-            T.writes(B[0:pixels, 0:4])
-            B[0, T.ramp(T.int64(0), 1, 4 * pixels)] = T.Shuffle(
-                [A[0, 0, T.ramp(T.int64(0), 1, pixels)], A[1, 0, T.ramp(T.int64(0), 1, pixels)],
-                 A[2, 0, T.ramp(T.int64(0), 1, pixels)], A[3, 0, T.ramp(T.int64(0), 1, pixels)]], order)
-
-    return implementation
+    return head + f"        B[0, T.ramp(T.int64(0), 1, {4 * pixels})] = T.Shuffle([{rows}], {order})\n"
 
 
 # Pixels per interleave, best first (measured on AVX-512: power-of-two vectors, then a whole row of 14 or 7).
@@ -182,12 +170,8 @@ INTERLEAVE_PIXELS = (16, 8, 14, 4, 7)
 
 def interleave(pixels: int, dtype: str) -> str:
     """The intrinsic turning ``[4 channels, 1 row, pixels]`` of ``dtype`` into ``[pixels, 4]`` (registered once)."""
-    name = f"forge_interleave_4x{pixels}_{dtype}"
-    if name not in _interleaves:
-        TensorIntrin.register(name, _interleave_description(pixels, dtype),
-                              _interleave_implementation(pixels, dtype), override=True)
-        _interleaves.add(name)
-    return name
+    return _register(f"forge_interleave_4x{pixels}_{dtype}",
+                     lambda implementation: _interleave_source(pixels, dtype, implementation))
 
 
 def _transpose_source(pixels: int, channels: int, dtype: str, implementation: bool) -> str:
@@ -220,20 +204,25 @@ def transpose(a: T.handle, b: T.handle) -> None:
 def transpose(pixels: int, channels: int, dtype: str) -> str:
     """The intrinsic storing ``[pixels, channels]`` (one pixel's channels together, as a channel-lane kernel
     computes them) into ``channels`` rows of ``pixels`` of an NCHW output: one shuffle a row, where the
-    epilogue had stored each byte alone. Registered once; written as TVMScript text (one statement a row)."""
-    name = f"forge_transpose_{pixels}x{channels}_{dtype}"
-    if name not in _interleaves:
+    epilogue had stored each byte alone. Registered once."""
+    return _register(f"forge_transpose_{pixels}x{channels}_{dtype}",
+                     lambda implementation: _transpose_source(pixels, channels, dtype, implementation))
+
+
+def _register(name: str, source: Callable[[bool], str]) -> str:
+    """Register the intrinsic ``name`` once, its description and implementation parsed from ``source``'s text
+    (a shuffle needs constant indices: the text holds one statement a row)."""
+    if name not in _layouts:
         import tvm.script
 
-        description, implementation = (
-            tvm.script.from_source(_transpose_source(pixels, channels, dtype, impl), extra_vars={"T": T})
-            for impl in (False, True))
+        description, implementation = (tvm.script.from_source(source(impl), extra_vars={"T": T})
+                                       for impl in (False, True))
         TensorIntrin.register(name, description, implementation, override=True)
-        _interleaves.add(name)
+        _layouts.add(name)
     return name
 
 
-_interleaves: set[str] = set()
+_layouts: set[str] = set()
 _registered = False
 
 
