@@ -677,7 +677,7 @@ def test_input_repack_interleaves_pixels_exactly(dtype, channels, height, width)
                 packed[va, vc // 4, vh, vw, vc % 4] = data[va, vc, vh, vw]
 
     sch = Schedule(repack)
-    pack_channels(sch, sch.get_sblock("packed"), width)
+    pack_channels(sch, sch.get_sblock("packed"))
     interleaved = "T.Shuffle" in sch.mod["main"].script()
     assert interleaved == any(width % p == 0 for p in (16, 8, 14, 4, 7))
     info = np.iinfo(dtype)

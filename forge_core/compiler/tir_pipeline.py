@@ -31,7 +31,8 @@ _ANNOTATION = "disable_lower_builtin"  # tvm::tirx::transform::kDisableLowerTVMB
 
 
 def _allocation_bytes(buffer: tirx.Buffer) -> int | None:
-    size = tvm.runtime.DataType(buffer.dtype).bits // 8 * tvm.runtime.DataType(buffer.dtype).lanes
+    dtype = tvm.runtime.DataType(buffer.dtype)
+    size = dtype.bits // 8 * dtype.lanes
     for dim in buffer.shape:
         if not isinstance(dim, tirx.IntImm):
             return None

@@ -13,9 +13,10 @@ instruction where fp32 FMA does 16.
 * :class:`Int8Conv2dNCHW`: groups=1; the weight repacked at compile time to
   ``[F/16, C/4, KH, KW, 16, 4]``, the input repacked once per call to
   ``[N, C/4, H, W, 4]`` (four channels of a pixel contiguous, the
-  broadcast operand; vector interleaves, :func:`pack_channels`); a register tile of up to 14 output pixels x one or two
-  vectors of 16 output channels, the ``16 x 4`` inner block tensorized; the
-  fused requantizing epilogue writes each tile back.
+  broadcast operand; vector interleaves, :func:`pack_channels`); a register
+  tile of up to 14 output pixels x one or two vectors of 16 output channels,
+  the ``16 x 4`` inner block tensorized; the fused requantizing epilogue
+  writes each tile back (a row per channel, :func:`store_transposed`).
 
 * :class:`Int8PointwiseConv2dNCHW`: 1x1, stride 1, ``16 | H*W``: pixels as
   lanes instead (``vpdpbusd`` on 16 pixels x 4 input channels and 4 weights of
@@ -186,21 +187,25 @@ class Int8Matmul(dlight.ScheduleRule):
         return sch
 
 
-def pack_channels(sch: s_tir.Schedule, packed: s_tir.SBlockRV, width: int) -> None:
+def pack_channels(sch: s_tir.Schedule, packed: s_tir.SBlockRV) -> None:
     """Schedule the input repack (``packed`` writes 4 channels of a pixel together) as vector interleaves.
 
-    A plain copy of an NCHW input, ``width`` pixels a row, is tensorized with
+    A plain copy of an NCHW input is tensorized with
     :func:`~forge_core.schedules.dot_intrinsics.interleave` over the first of
     :data:`~forge_core.schedules.dot_intrinsics.INTERLEAVE_PIXELS` dividing
-    ``width``; anything else (a padding stage, another width) stays a parallel
+    its rows; anything else (a padding stage, another width) stays a parallel
     vectorized loop.
     """
     stmt = sch.get(packed)
     data = stmt.reads[0].source if len(stmt.reads) == 1 else None
-    pixels = next((p for p in dot_intrinsics.INTERLEAVE_PIXELS if width % p == 0), None)
     plain = isinstance(stmt.body, tirx.BufferStore) and isinstance(stmt.body.value, tvm.ir.expr.TensorLoad)
-    if pixels is None or data is None or not plain or len(data.shape) != 4 or int(data.shape[1]) % UNIT \
-            or int(data.shape[3]) != width or len(sch.get_loops(packed)) != 4:
+    if data is None or not plain or len(data.shape) != 4 or int(data.shape[1]) % UNIT \
+            or len(sch.get_loops(packed)) != 4:
+        parallel_vectorized(sch, packed, UNIT * LANES)
+        return
+    width = int(data.shape[3])
+    pixels = next((p for p in dot_intrinsics.INTERLEAVE_PIXELS if width % p == 0), None)
+    if pixels is None:
         parallel_vectorized(sch, packed, UNIT * LANES)
         return
     sch.transform_block_layout(packed, lambda a, c, h, w: (a, c // UNIT, h, w, c % UNIT))
@@ -211,23 +216,22 @@ def pack_channels(sch: s_tir.Schedule, packed: s_tir.SBlockRV, width: int) -> No
     sch.tensorize(w_inner, dot_intrinsics.interleave(pixels, str(data.dtype)))
 
 
-def store_transposed(sch: s_tir.Schedule, conv: s_tir.SBlockRV, writer: s_tir.SBlockRV, tile: s_tir.LoopRV,
-                     lanes: int, pixels: int) -> bool:
+def store_transposed(sch: s_tir.Schedule, writer: s_tir.SBlockRV, tile: s_tir.LoopRV, lanes: int) -> bool:
     """A byte-writing epilogue of a channel-lane tile: computed a pixel at a time, stored a row at a time.
 
     The epilogue ``writer``, placed under the ``tile`` loop (its loops: the
-    tile's channels, then its ``pixels``), computes into a local ``[pixels, channels]`` tile along the
-    accumulators' lanes; :func:`~forge_core.schedules.dot_intrinsics.transpose`
-    stores it into the NCHW output, one shuffle per channel row (LLVM had
-    stored each byte with its own instruction: 60% of a 14x14 layer's time).
-    False, and nothing changed, unless the tile has 16 lanes and the epilogue
-    writes bytes.
+    tile's channels, then its pixels), computes into a local ``[pixels,
+    channels]`` tile along the accumulators' lanes;
+    :func:`~forge_core.schedules.dot_intrinsics.transpose` stores it into the
+    NCHW output, one shuffle per channel row (LLVM had stored each byte with
+    its own instruction: 60% of a 14x14 layer's time). False, and nothing
+    changed, unless the tile has 16 lanes and the epilogue writes bytes.
     """
     out = sch.get(writer).writes[0].source
-    if writer == conv or lanes != LANES or str(out.dtype) not in ("uint8", "int8") or len(out.shape) != 4:
+    if lanes != LANES or str(out.dtype) not in ("uint8", "int8") or len(out.shape) != 4:
         return False
-    channels = extent(sch, sch.get_loops(writer)[-2])
-    if channels is None or channels % LANES or extent(sch, sch.get_loops(writer)[-1]) != pixels:
+    channels, pixels = (extent(sch, loop) for loop in sch.get_loops(writer)[-2:])
+    if channels is None or pixels is None or channels % LANES:
         return False
     staged = sch.cache_write(writer, 0, "local")
     sch.reverse_compute_at(staged, tile)
@@ -291,14 +295,14 @@ class Int8Conv2dNCHW(dlight.ScheduleRule):
         writer = attach_epilogue(sch, conv, epilogue)
         sch.transform_layout(conv, ("write", 0), lambda a, b, c, d: (a, b // lanes, c, d, b % lanes))
         sch.reverse_compute_at(writer, x_outer)
-        if not store_transposed(sch, conv, writer, x_outer, lanes, tile_x) and tile_x >= 4:
+        if not store_transposed(sch, writer, x_outer, lanes) and tile_x >= 4:
             sch.vectorize(sch.get_loops(writer)[-1])
         sch.parallel(sch.fuse(n, f_outer, y))
         sch.unroll(x_inner)
         sch.unroll(f_vectors)
         sch.decompose_reduction(conv, rc_outer)
         sch.tensorize(f_lanes, dot.intrinsics[lanes])
-        pack_channels(sch, packed, int(data.shape[3]))
+        pack_channels(sch, packed)
         return sch
 
 
@@ -366,5 +370,5 @@ class Int8PointwiseConv2dNCHW(dlight.ScheduleRule):
         sch.unroll(p_vectors)
         sch.decompose_reduction(conv, rc_outer)
         sch.tensorize(p_lanes, dot_intrinsics.VNNI_PIXELS_16x4)
-        pack_channels(sch, packed, width)
+        pack_channels(sch, packed)
         return sch
