@@ -435,6 +435,7 @@ def test_onnxruntime_int8_model_computes_in_integers_and_gives_onnxruntimes_numb
                                                                                     opt_level, tmp_path, caplog):
     """An imported QDQ model keeps its int8 weights through import (and ``set_batch_size``), is lowered like
     Forge's own, and its compiled output is onnxruntime's int8 output, at every opt_level."""
+    import json
     import logging
 
     path, x, lowered_as = onnxruntime_int8_models[name]
@@ -443,9 +444,12 @@ def test_onnxruntime_int8_model_computes_in_integers_and_gives_onnxruntimes_numb
     if name == "mobilenet_blocks":
         ir.set_batch_size(1)  # binds the symbolic batch and folds constants again: the int8 weights stay
     with caplog.at_level(logging.INFO, logger="forge.quantization"):
-        ir.compile(output_path=str(tmp_path / "q"), opt_level=opt_level)
+        ir.compile(output_path=str(tmp_path / "q"), opt_level=opt_level, export_metadata=True)
     lowered = [r.getMessage() for r in caplog.records if r.getMessage().startswith("integer lowering")]
     assert lowered == [f"integer lowering: {lowered_as}"], lowered
+    if name == "conv_net" and opt_level >= 1:  # fused: its depthwise layer requantizes rows of 15 on the flat grid
+        rules = json.loads((tmp_path / "q" / "model_metadata.json").read_text())["schedules"]["rules"]
+        assert "FlatDepthwiseNCHW" in rules.values(), rules
     expected = _onnxruntime(path, {"x": x})
     _assert_onnxruntimes_int8(forge.Runtime(str(tmp_path / "q")).infer(x)[0], expected)
     if opt_level == 3:

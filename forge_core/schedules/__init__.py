@@ -23,6 +23,11 @@ Rules, most specific first:
   16 output pixels by one vector of output channels (1x1 kernels and rows of
   at most 7 pixels: up to 14 pixels by two vectors); fused epilogues (bias,
   residual add, relu, clip) write each tile back.
+* :class:`FlatDepthwiseNCHW`: a quantized module's stride-1 depthwise
+  convolutions with a requantizing epilogue on rows that are not whole
+  vectors (7, 14, 28, 56 pixels): convolution and epilogue computed in
+  vectors over the flat grid of the padded plane, its extra columns dropped
+  (:mod:`forge_core.schedules.depthwise_flat`).
 * :class:`GroupedConv2dNCHW`: depthwise and grouped convolutions, vectorized
   along the output row (a tile of one or half a vector on long rows),
   padding computed per channel plane; a quantized module's read its uint8

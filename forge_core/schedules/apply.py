@@ -15,6 +15,7 @@ from forge_core.schedules.blocks import blocks
 from forge_core.schedules.conv2d import PREPACK, Conv2dNCHW
 from forge_core.schedules.conv_nd import ConvNCX, GroupedConvNCX
 from forge_core.schedules.conv_transpose import ConvTransposeNCHW
+from forge_core.schedules.depthwise_flat import FlatDepthwiseNCHW
 from forge_core.schedules.elementwise import Elementwise, Generic
 from forge_core.schedules.grouped_conv2d import GroupedConv2dNCHW
 from forge_core.schedules.int8 import Int8Conv2dNCHW, Int8Matmul, Int8PointwiseConv2dNCHW
@@ -33,9 +34,10 @@ FALLBACK_RULES = ("Generic",)
 
 def default_rules() -> list[dlight.ScheduleRule]:
     """Forge's CPU rules, most specific first."""
-    return [Int8PointwiseConv2dNCHW(), Int8Conv2dNCHW(), Int8Matmul(), PointwiseConv2dNCHW(), Conv2dNCHW(), GroupedConv2dNCHW(), ConvTransposeNCHW(), ConvNCX(),
-            GroupedConvNCX(), WindowPoolNCX(), Matmul(), WholeTensorReduction(), PlaneReduction(), ScalarReduction(),
-            dlight.cpu.Reduction(), Elementwise(), Generic()]
+    return [Int8PointwiseConv2dNCHW(), Int8Conv2dNCHW(), Int8Matmul(), PointwiseConv2dNCHW(), Conv2dNCHW(),
+            FlatDepthwiseNCHW(), GroupedConv2dNCHW(), ConvTransposeNCHW(), ConvNCX(), GroupedConvNCX(), WindowPoolNCX(),
+            Matmul(), WholeTensorReduction(), PlaneReduction(), ScalarReduction(), dlight.cpu.Reduction(),
+            Elementwise(), Generic()]
 
 
 def _is_scheduled(func: tirx.PrimFunc) -> bool:

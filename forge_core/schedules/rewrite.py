@@ -18,8 +18,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.analysis import get_sblock_read_write_region
+from tvm.sym import Analyzer
 
 Expr = tvm.ir.expr.Expr
 BufferVar = tvm.ir.expr.Var
@@ -50,13 +52,52 @@ def load(buffer: BufferVar, indices: Sequence[Expr]) -> Expr:
     return tirx.BufferLoad(buffer, list(indices))
 
 
+def substitute(expr: Expr, values: Sequence[tuple[tirx.Var, Expr]]) -> Expr:
+    """``expr`` with each variable of ``values`` replaced by its expression."""
+    def replace(var: tirx.Var) -> Expr:
+        return next((value for old, value in values if var.same_as(old)), var)
+
+    return tvm_ffi.structural_map(expr, [(tvm.ir.expr.Var, replace)])
+
+
+def redirect_loads(expr: Expr, old: BufferVar, new: BufferVar, index: Callable[..., Sequence[Expr]]) -> Expr:
+    """``expr`` with each load ``old[i...]`` turned into ``new[index(i...)]`` (indices simplified)."""
+    analyzer = Analyzer()
+
+    def replace(access):  # noqa: ANN001, ANN202 - a TensorLoad
+        if not access.source.same_as(old):
+            return access
+        return tirx.BufferLoad(new, [analyzer.simplify(i) for i in index(*access.indices)])
+
+    return tvm_ffi.structural_map(expr, [(tvm.ir.expr.TensorLoad, replace)])
+
+
+def loads_of(expr: Expr, buffer: BufferVar) -> list:
+    """The loads of ``buffer`` in ``expr``."""
+    found: list = []
+
+    def visit(access):  # noqa: ANN001, ANN202 - a TensorLoad
+        if access.source.same_as(buffer):
+            found.append(access)
+        return access
+
+    tvm_ffi.structural_map(expr, [(tvm.ir.expr.TensorLoad, visit)])
+    return found
+
+
 def stage(name: str, out: BufferVar, value: Callable[..., Expr], inputs: Sequence[BufferVar],
-          reduce: Sequence[int] = (), annotations: dict | None = None) -> tirx.Stmt:
+          reduce: Sequence[int] = (), annotations: dict | None = None, *,
+          reads: Callable[..., list[tirx.BufferRegion]] | None = None) -> tirx.Stmt:
     """A loop nest of one block writing every element of ``out`` from the buffers ``inputs``.
 
     ``value(*spatial, *reduction)`` gives the element (the block iterators as
     int64 expressions); with ``reduce`` extents the block sums it over those
     iterators, from zero. The block's read and write regions are derived.
+
+    ``reads(*spatial)``, when given, are the block's read regions instead: a
+    declared superset, so that a producer placed under one of this block's
+    loops is computed over all of it (not over the bounding box of the
+    elements read).
     """
     spatial_extents = shape_of(out)
     extents = spatial_extents + list(reduce)
@@ -73,8 +114,9 @@ def stage(name: str, out: BufferVar, value: Callable[..., Expr], inputs: Sequenc
         element = load(out, index) + element
     body = tirx.BufferStore(out, element, index)
     block = s_tir.SBlock(iter_vars, [], [], name, body, init, annotations=annotations)
-    reads, writes = get_sblock_read_write_region(block, {b: b for b in (*inputs, out)})
-    block = s_tir.SBlock(iter_vars, reads, writes, name, body, init, annotations=annotations)
+    derived, writes = get_sblock_read_write_region(block, {b: b for b in (*inputs, out)})
+    block = s_tir.SBlock(iter_vars, reads(*index) if reads is not None else derived, writes, name, body, init,
+                         annotations=annotations)
     nest: tirx.Stmt = s_tir.SBlockRealize(loop_vars, True, block)
     for var, ext in reversed(list(zip(loop_vars, extents))):
         nest = tirx.For(var, const(0), const(ext), tirx.ForKind.SERIAL, nest)
