@@ -32,9 +32,9 @@ TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": str(
 SCALE, ZERO_POINT = 0.05, 3
 
 
-def _depthwise(channels: int, size: int, kernel: int, padding, *, dilation: int = 1, multiplier: int = 1,
-               stride: int = 1, groups: int | None = None, data_dtype: str = "uint8", out_dtype: str | None = "uint8",
-               clip: bool = True, residual: bool = False, seed: int = 0):
+def _depthwise(channels: int, size: int, kernel: int, padding, *, batch: int = 1, dilation: int = 1,
+               multiplier: int = 1, stride: int = 1, groups: int | None = None, data_dtype: str = "uint8",
+               out_dtype: str | None = "uint8", clip: bool = True, residual: bool = False, seed: int = 0):
     """A depthwise layer as the integer lowering leaves it, and its inputs."""
     rng = np.random.default_rng(seed)
     groups = groups or channels
@@ -42,7 +42,7 @@ def _depthwise(channels: int, size: int, kernel: int, padding, *, dilation: int 
     weight = rng.normal(0, 0.01, (out_channels, channels // groups, kernel, kernel)).astype(np.float32)
     bias = rng.normal(0, 1, (out_channels, 1, 1)).astype(np.float32)
     low, high = (0, 255) if data_dtype == "uint8" else (-128, 127)
-    data = rng.integers(low, high + 1, (1, channels, size, size)).astype(data_dtype)
+    data = rng.integers(low, high + 1, (batch, channels, size, size)).astype(data_dtype)
     bb = relax.BlockBuilder()
     x = relax.Var("data", relax.TensorType(data.shape, data_dtype))
     inputs = [data]
@@ -55,7 +55,7 @@ def _depthwise(channels: int, size: int, kernel: int, padding, *, dilation: int 
             if clip:
                 value = bb.emit(relax.op.clip(value, 0, 6))
             if residual:
-                shape = [1, out_channels, size, size]  # its case keeps the plane's size
+                shape = [batch, out_channels, size, size]  # its case keeps the plane's size
                 side = relax.Var("residual", relax.TensorType(shape, "uint8"))
                 params.append(side)
                 inputs.append(rng.integers(0, 256, shape).astype(np.uint8))
@@ -85,7 +85,7 @@ def _numpy_reference(data: np.ndarray, weight: np.ndarray, bias: np.ndarray, pad
     x = np.repeat(x, multiplier, axis=1)
     span = dilation * (kernel - 1)
     height, width = (x.shape[2] - span - 1) // stride + 1, (x.shape[3] - span - 1) // stride + 1
-    acc = np.zeros((1, out_channels, height, width))
+    acc = np.zeros((data.shape[0], out_channels, height, width))
     for ry in range(kernel):
         for rx in range(kernel):
             tap = weight[:, 0, ry, rx].astype(np.float64)[None, :, None, None]
@@ -108,6 +108,7 @@ TAKEN = {
     "dilation 2, int8 in and out": dict(channels=5, size=9, kernel=3, padding=(2, 2), dilation=2, data_dtype="int8",
                                         out_dtype="int8", clip=False),
     "channel multiplier 2": dict(channels=4, size=10, kernel=3, padding=(1, 1), multiplier=2),
+    "a batch of 3": dict(channels=4, size=7, kernel=3, padding=(1, 1), batch=3),
     "padding after only (SAME, even kernel), int8 out": dict(channels=3, size=11, kernel=2, padding=(0, 0, 1, 1),
                                                             out_dtype="int8"),
     "padding before only": dict(channels=3, size=12, kernel=2, padding=(1, 1, 0, 0)),
