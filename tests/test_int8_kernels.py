@@ -326,6 +326,8 @@ def test_quantized_conv_net_computes_in_integers(conv_net, tmp_path, per_channel
     rules = set(json.loads((tmp_path / "q" / "model_metadata.json").read_text())["schedules"]["rules"].values())
     if layout != "last":
         assert {"Int8Matmul", "Int8Conv2dNCHW"} <= rules, rules
+    if layout != "last" and quant_type == "static" and opt_level >= 1:  # requantized rows of 15: on the flat grid
+        assert "FlatDepthwiseNCHW" in rules, rules
     runtime = forge.Runtime(str(tmp_path / "q"))
     reference = ir.get_inference_function()
     x = samples[4]
