@@ -51,11 +51,10 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight
-from tvm.sym import Analyzer
 from tvm.sym.pattern import detect_linear_equation
 
 from forge_core.compiler.tir_pipeline import STACK_LIMIT
-from forge_core.schedules.blocks import sole_block, vector_unit
+from forge_core.schedules.blocks import blocks, sole_block, vector_unit
 from forge_core.schedules.epilogue import split_epilogue
 from forge_core.schedules.rewrite import (
     alloc, const, dtype_of, load, loads_of, redirect_loads, replace_stages, shape_of, stage, substitute,
@@ -84,20 +83,6 @@ def _stride_and_dilation(index, out_var: tirx.Var, tap: tirx.Var) -> tuple[int, 
     if len(coefficients) != 3 or not isinstance(coefficients[2], tirx.IntImm) or int(coefficients[2]) != 0:
         return None
     return int(coefficients[0]), int(coefficients[1])
-
-
-def _converted_loads(expr, old, new, index, dtype: str):  # noqa: ANN001, ANN202
-    """``expr`` with each ``Cast(dtype, old[i])`` read as ``new[index(i)]``; None if ``old`` is read otherwise."""
-    analyzer = Analyzer()
-
-    def replace(cast):  # noqa: ANN001, ANN202 - a Cast
-        value = cast.value
-        if str(cast.ty) == dtype and isinstance(value, tvm.ir.expr.TensorLoad) and value.source.same_as(old):
-            return tirx.BufferLoad(new, [analyzer.simplify(i) for i in index(*value.indices)])
-        return cast
-
-    converted = tvm_ffi.structural_map(expr, [(tirx.Cast, replace)])
-    return None if loads_of(converted, old) else converted
 
 
 @dataclass(frozen=True)
@@ -151,7 +136,7 @@ def flat_stages(func: tirx.PrimFunc, lanes: int) -> tuple[tirx.PrimFunc, Grid] |
     reach = (kernel[0] - 1) * dilation_y * pitch + (kernel[1] - 1) * dilation_x
     rows = max(padded_height, -(-(grid + reach) // pitch))
 
-    def flat(b, ch, h, w):  # noqa: ANN001, ANN202
+    def flat(b, ch, h, w):  # noqa: ANN001, ANN202 - a plane's element, on the grid
         return [b, ch, h * const(pitch) + w]
 
     o = tirx.Var("o", "int64")
@@ -160,8 +145,8 @@ def flat_stages(func: tirx.PrimFunc, lanes: int) -> tuple[tirx.PrimFunc, Grid] |
     acc_dtype = dtype_of(acc)
     plane_shape = [*shape_of(padded_source)[:2], rows * pitch]
     plane = alloc("pad_temp", plane_shape, acc_dtype)
-    value = _converted_loads(product, padded_source, plane, flat, acc_dtype)
-    if value is None:  # read other than converted: the plane keeps its type
+    value = redirect_loads(product, padded_source, plane, flat, cast=acc_dtype)
+    if loads_of(value, padded_source):  # read other than converted: the plane keeps its type
         plane = alloc("pad_temp", plane_shape, dtype_of(padded_source))
         value = redirect_loads(product, padded_source, plane, flat)
     for access in loads_of(value, plane):  # every tap a shift of the grid: o plus a constant
@@ -185,8 +170,7 @@ def flat_stages(func: tirx.PrimFunc, lanes: int) -> tuple[tirx.PrimFunc, Grid] |
 
     def epilogue_value(b, ch, i):  # noqa: ANN001, ANN202
         at = [b, ch, tirx.floordiv(i, const(pitch)), tirx.floormod(i, const(pitch))]
-        return redirect_loads(substitute(writer.body.value, list(zip(writer_vars, at))), acc, conv_out,
-                              lambda b_, ch_, h, w: [b_, ch_, h * const(pitch) + w])
+        return redirect_loads(substitute(writer.body.value, list(zip(writer_vars, at))), acc, conv_out, flat)
 
     def whole_plane(b, ch, *_):  # noqa: ANN001, ANN202
         one = [tvm.ir.Range.from_min_extent(v, const(1)) for v in (b, ch)]
@@ -198,8 +182,8 @@ def flat_stages(func: tirx.PrimFunc, lanes: int) -> tuple[tirx.PrimFunc, Grid] |
                                                                                 (rx, dx)]),
               [plane, *(r.source for r in conv.reads[1:])], reduce=kernel),
         stage(EPILOGUE_STAGE, bytes_out, epilogue_value, [conv_out, *(r.source for r in others)]),
-        stage(str(writer.name_hint), out, lambda b, ch, h, w: load(bytes_out, [b, ch, h * const(pitch) + w]),
-              [bytes_out], reads=whole_plane),
+        stage(str(writer.name_hint), out, lambda *element: load(bytes_out, flat(*element)), [bytes_out],
+              reads=whole_plane),
     ]
     names = [str(s.name_hint) for s in stages]
     return replace_stages(func, names, stmts, [plane, conv_out, bytes_out]), Grid(rows, pitch, tile)
@@ -221,7 +205,7 @@ class FlatDepthwiseNCHW(dlight.ScheduleRule):
         func, grid = rebuilt
         sch = s_tir.Schedule(func)
         conv, epilogue = sch.get_sblock(CONV_STAGE), sch.get_sblock(EPILOGUE_STAGE)
-        copy = sch.get_sblock(str(top_level_blocks(func)[-1].name_hint))
+        copy = blocks(sch)[-1]
         n, c, _, x = sch.get_loops(copy)
         planes = sch.fuse(n, c)
         sch.parallel(planes)

@@ -60,16 +60,31 @@ def substitute(expr: Expr, values: Sequence[tuple[tirx.Var, Expr]]) -> Expr:
     return tvm_ffi.structural_map(expr, [(tvm.ir.expr.Var, replace)])
 
 
-def redirect_loads(expr: Expr, old: BufferVar, new: BufferVar, index: Callable[..., Sequence[Expr]]) -> Expr:
-    """``expr`` with each load ``old[i...]`` turned into ``new[index(i...)]`` (indices simplified)."""
+def redirect_loads(expr: Expr, old: BufferVar, new: BufferVar, index: Callable[..., Sequence[Expr]], *,
+                   cast: str | None = None) -> Expr:
+    """``expr`` with each load ``old[i...]`` turned into ``new[index(i...)]`` (indices simplified).
+
+    With ``cast``, only the loads converted to that type are redirected, the
+    conversion with them (``Cast(cast, old[i])`` becomes ``new[index(i)]``:
+    ``new`` holds the converted values); other loads of ``old`` stay.
+    """
     analyzer = Analyzer()
 
-    def replace(access):  # noqa: ANN001, ANN202 - a TensorLoad
-        if not access.source.same_as(old):
-            return access
+    def redirected(access):  # noqa: ANN001, ANN202 - a TensorLoad
         return tirx.BufferLoad(new, [analyzer.simplify(i) for i in index(*access.indices)])
 
-    return tvm_ffi.structural_map(expr, [(tvm.ir.expr.TensorLoad, replace)])
+    def replace_load(access):  # noqa: ANN001, ANN202 - a TensorLoad
+        return redirected(access) if access.source.same_as(old) else access
+
+    def replace_cast(node):  # noqa: ANN001, ANN202 - a Cast
+        value = node.value
+        if str(node.ty) == cast and isinstance(value, tvm.ir.expr.TensorLoad) and value.source.same_as(old):
+            return redirected(value)
+        return node
+
+    if cast is None:
+        return tvm_ffi.structural_map(expr, [(tvm.ir.expr.TensorLoad, replace_load)])
+    return tvm_ffi.structural_map(expr, [(tirx.Cast, replace_cast)])
 
 
 def loads_of(expr: Expr, buffer: BufferVar) -> list:
