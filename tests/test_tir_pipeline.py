@@ -18,6 +18,18 @@ TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})
 WORKSPACE = "TVMBackendAllocWorkspace"
 
 
+def _cpu_has_vnni() -> bool:
+    try:
+        return "avx512_vnni" in open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+
+
+VNNI = tvm.target.Target({"kind": "llvm", "num-cores": 2,
+                          "mcpu": str(tvm.get_global_func("tvm.codegen.llvm.GetHostCPUName")())})
+needs_vnni = pytest.mark.skipif(not _cpu_has_vnni(), reason="this CPU has no AVX-512 VNNI to run the kernels on")
+
+
 def _tiled(elements: int, scope: str) -> tvm.IRModule:
     """A parallel loop whose body fills a tile of ``elements`` floats, then writes it out plus one."""
 
@@ -104,3 +116,94 @@ def test_forge_kernels_take_no_workspace_per_task(opt_level):
     want = torch.relu(torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(weight),
                                                  torch.from_numpy(bias), padding=1)).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def _rounding(elements: int) -> tvm.IRModule:
+    """A vectorized loop that rounds (``tirx.nearbyint``, ties to even), as every requantizing epilogue does."""
+
+    @T.prim_func(s_tir=True)
+    def main(a: T.Buffer((elements,), "float32"), b: T.Buffer((elements,), "float32")):
+        T.func_attr({"tirx.noalias": True, "global_symbol": "main"})
+        for i in T.vectorized(elements):
+            b[i] = T.nearbyint(a[i] * T.float32(0.5))
+
+    return tvm.IRModule({"main": main})
+
+
+def _ties_and_more(elements: int) -> np.ndarray:
+    """Halves (ties: 0.5, 1.5, 2.5, -0.5, ...), values near them, large values, signed zeros, inf and NaN."""
+    rng = np.random.default_rng(5)
+    special = np.array([1.0, 3.0, 5.0, -1.0, -3.0, 0.0, -0.0, 2.9999998, 1.0000001, 2 ** 25 + 1, -2 ** 24 - 2,
+                        np.inf, -np.inf, np.nan], np.float32)
+    values = (rng.standard_normal(elements) * 20).astype(np.float32)
+    values[: len(special)] = special
+    return values
+
+
+@pytest.mark.parametrize("pipeline", ["forge", "default"])
+def test_rounding_vectorizes_in_forges_pipeline_and_rounds_ties_to_even(pipeline):
+    """TVM 0.27 cannot vectorize ``tirx.nearbyint``; Forge's pipeline writes it as ``llvm.nearbyint``, which can.
+
+    Both give numpy's ``rint`` (ties to even) bit for bit; only in Forge's is the loop TVM's vector.
+    """
+    elements = 64
+    lib = tvm.compile(_rounding(elements), target=TARGET,
+                      tir_pipeline=tir_pipeline() if pipeline == "forge" else "default")
+    a = _ties_and_more(elements)
+    b = tvm.runtime.tensor(np.zeros_like(a))
+    lib["main"](tvm.runtime.tensor(a), b)
+    np.testing.assert_array_equal(b.numpy(), np.rint(a * np.float32(0.5)))
+    # TVM's vector: the whole 64-lane loop (LLVM may still vectorize a scalar loop its own way, 4 lanes here).
+    assert ("@llvm.nearbyint.v64f32" in lib.mod.inspect_source("ll")) == (pipeline == "forge")
+
+
+def test_rounding_is_left_alone_outside_llvm_targets():
+    """``call_llvm_pure_intrin`` means nothing to the CUDA code generator: GPU functions keep ``nearbyint``."""
+    from forge_core.compiler.tir_pipeline import vectorizable_rounding
+
+    for target, rewritten in [(tvm.target.Target("cuda"), False), (TARGET, True)]:
+        mod = tvm.tirx.transform.BindTarget(target)(_rounding(16))
+        text = vectorizable_rounding(mod).script()
+        assert ("llvm.nearbyint" in text) == rewritten
+        assert ("T.nearbyint" in text) != rewritten
+
+
+def _requantized_pointwise_conv(weight: np.ndarray, bias: np.ndarray, scale: np.ndarray, shape) -> tvm.IRModule:
+    """uint8 x int8 -> int32 1x1 convolution, then bias, scale, round, clamp to 0..255 and a uint8 cast."""
+    bb = relax.BlockBuilder()
+    data = relax.Var("data", relax.TensorType(shape, "uint8"))
+    with bb.function("main", [data]):
+        with bb.dataflow():
+            acc = bb.emit(relax.op.nn.conv2d(data, relax.const(weight), out_dtype="int32"))
+            acc = bb.emit(relax.op.add(acc, relax.const(bias.reshape(-1, 1, 1))))
+            y = bb.emit(relax.op.multiply(relax.op.astype(acc, "float32"), relax.const(scale.reshape(-1, 1, 1))))
+            y = bb.emit(relax.op.clip(relax.op.round(y), 0, 255))
+            out = bb.emit_output(relax.op.astype(y, "uint8"))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@needs_vnni
+@pytest.mark.parametrize("opt_level", [1, 3, 4])
+def test_requantizing_epilogue_rounds_in_vectors_and_stays_exact(opt_level):
+    """MobileNetV2's 28x28 expansion (32 -> 192), pixel-lane int8 rule: its epilogue rounds whole vectors.
+
+    With ``nearbyint`` scalar, LLVM had rebuilt this epilogue with gathers and byte stores (0.076 ms; 0.028 ms
+    vectorized). Checked against numpy's int64 products, requantized in float32 as the epilogue does.
+    """
+    rng = np.random.default_rng(11)
+    weight = rng.integers(-128, 128, (192, 32, 1, 1)).astype(np.int8)
+    bias = rng.integers(-3000, 3000, 192).astype(np.int32)
+    scale = (rng.random(192) * 4e-3 + 1e-3).astype(np.float32)
+    x = rng.integers(0, 256, (1, 32, 28, 28)).astype(np.uint8)
+    schedules: dict = {}
+    executable = build(_requantized_pointwise_conv(weight, bias, scale, x.shape), VNNI, opt_level,
+                       schedules=schedules)
+    assert "Int8PointwiseConv2dNCHW" in schedules["rules"].values(), schedules
+    code = executable.mod.imports[0].inspect_source("ll")
+    assert re.search(r"@llvm\.nearbyint\.v16f32", code)
+    assert "llvm.masked.gather" not in code
+    got = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    acc = np.einsum("nchw,fc->nfhw", x.astype(np.int64), weight[:, :, 0, 0].astype(np.int64)) + bias.reshape(-1, 1, 1)
+    want = np.clip(np.rint(acc.astype(np.float32) * scale.reshape(-1, 1, 1)), 0, 255).astype(np.uint8)
+    np.testing.assert_array_equal(got, want)
