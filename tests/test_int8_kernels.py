@@ -149,10 +149,12 @@ CONV_CASES = [
     (4, 16, 4, 12, 1, 1, 0, "Int8PointwiseConv2dNCHW"),  # one group of 4 input channels
     (8, 16, 8, 8, 1, 2, 0, "Int8Conv2dNCHW"),  # stride 2: channel lanes
     (6, 16, 8, 8, 1, 1, 0, None),  # 4 does not divide C: the generic rule
-    # The input repack as vector interleaves of 16, 8, 14, 4 or 7 pixels (the first dividing W), else a loop.
+    # The input repack as vector interleaves of 16, 8, 14, 4, 7 or 2 pixels (the first dividing W), else a loop.
     (8, 32, 4, 16, 1, 1, 0, "Int8PointwiseConv2dNCHW"),  # 16 pixels
     (8, 32, 5, 16, 3, 1, 0, "Int8Conv2dNCHW"),  # unpadded 3x3 on rows of 16
     (12, 16, 14, 14, 1, 1, 0, "Int8Conv2dNCHW"),  # rows of 14: one interleave a row, 196 pixels
+    (4, 16, 9, 26, 3, 2, 0, "Int8Conv2dNCHW"),  # a stem's pre-padded input (226 wide in MobileNetV2): 2 pixels
+    (4, 16, 7, 15, 3, 1, 0, "Int8Conv2dNCHW"),  # odd rows: the repack stays a loop
 ]
 
 
@@ -665,9 +667,9 @@ def test_arm_dotprod_schedules_are_exact_with_the_instruction_emulated(op, monke
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8"])
 @pytest.mark.parametrize("channels,height,width", [(8, 2, 32), (4, 3, 56), (12, 2, 28), (8, 3, 12), (16, 2, 7),
-                                                   (8, 2, 6)])
+                                                   (8, 2, 6), (4, 3, 226), (8, 2, 15)])
 def test_input_repack_interleaves_pixels_exactly(dtype, channels, height, width):
-    """pack_channels: NCHW -> [N, C/4, H, W, 4] as vector interleaves (16, 8, 14, 4, 7 pixels), else a loop."""
+    """pack_channels: NCHW -> [N, C/4, H, W, 4] as vector interleaves (16, 8, 14, 4, 7, 2 pixels), else a loop."""
     from tvm.s_tir import Schedule
     from tvm.script import tirx as T
 
@@ -685,7 +687,7 @@ def test_input_repack_interleaves_pixels_exactly(dtype, channels, height, width)
     sch = Schedule(repack)
     pack_channels(sch, sch.get_sblock("packed"))
     interleaved = "T.Shuffle" in sch.mod["main"].script()
-    assert interleaved == any(width % p == 0 for p in (16, 8, 14, 4, 7))
+    assert interleaved == any(width % p == 0 for p in (16, 8, 14, 4, 7, 2))
     info = np.iinfo(dtype)
     data = RNG.integers(info.min, info.max + 1, (1, channels, height, width)).astype(dtype)
     lib = tvm.compile(sch.mod, target=tvm.target.Target({"kind": "llvm", "num-cores": 2}))
