@@ -188,7 +188,7 @@ def _requantized_pointwise_conv(weight: np.ndarray, bias: np.ndarray, scale: np.
 def test_requantizing_epilogue_rounds_in_vectors_and_stays_exact(opt_level):
     """MobileNetV2's 28x28 expansion (32 -> 192), pixel-lane int8 rule: its epilogue rounds whole vectors.
 
-    With ``nearbyint`` scalar, LLVM had rebuilt this epilogue with gathers and byte stores (0.076 ms; 0.028 ms
+    With ``nearbyint`` scalar, LLVM had rebuilt this epilogue with gathers and byte stores (0.076 ms; 0.026 ms
     vectorized). Checked against numpy's int64 products, requantized in float32 as the epilogue does.
     """
     rng = np.random.default_rng(11)

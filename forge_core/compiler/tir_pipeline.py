@@ -26,7 +26,7 @@ registers no ``TVectorizable`` attribute for that one op (``tirx.round``,
 vectorized loop whose body rounds back into a scalar loop, and LLVM's own
 vectorizer recovers it only sometimes: a pixel-lane int8 convolution's
 epilogue (28x28, 32 to 192 channels) became gathers and byte-by-byte stores
-and took 0.076 ms, 0.028 ms once vectorized. :func:`vectorizable_rounding`
+and took 0.076 ms, 0.026 ms once vectorized. :func:`vectorizable_rounding`
 rewrites it, on LLVM targets before TVM's passes, as the call TVM's own
 lowering makes of it, ``llvm.nearbyint``, through ``call_llvm_pure_intrin``,
 which vectorizes. The same instruction runs, so the results are bit-identical.
