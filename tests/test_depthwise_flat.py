@@ -6,7 +6,7 @@ epilogue), built by Forge's pipeline with verification mode on and compared
 with TVM's unscheduled build of the same module, element for element, and
 with a float64 numpy reference within one quantization step. The cases cover
 the shapes the rule takes (rows of 7, 13, 14, 28 and 56, kernels 2, 3 and
-5, symmetric and one-sided padding, dilation 2, a channel multiplier of 2,
+5, symmetric, one-sided and no padding, dilation 2, a channel multiplier of 2,
 uint8 and int8 outputs, with and without the activation's clip) and the ones
 it leaves to the row rule (stride 2, rows of whole vectors, a float output, a
 residual add read per pixel, two channels per group, a plane too large for
@@ -112,6 +112,7 @@ TAKEN = {
     "padding after only (SAME, even kernel), int8 out": dict(channels=3, size=11, kernel=2, padding=(0, 0, 1, 1),
                                                             out_dtype="int8"),
     "padding before only": dict(channels=3, size=12, kernel=2, padding=(1, 1, 0, 0)),
+    "no padding (the plane a plain copy)": dict(channels=4, size=9, kernel=3, padding=(0, 0)),
 }
 
 
