@@ -25,28 +25,13 @@ import tvm
 from tvm import relax
 
 import forge
+from cpu_features import VNNI, needs_vnni
 from model_factory import export_torch, onnxruntime_quantized
 from forge_core.compiler.pipeline import build
 from forge_core.schedules.int8 import has_vnni
 
 NO_VNNI = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
 RNG = np.random.default_rng(14)
-
-
-def _cpu_has_vnni() -> bool:
-    try:
-        return "avx512_vnni" in open("/proc/cpuinfo").read()
-    except OSError:
-        return False
-
-
-# The kernels run here: this CPU when it has AVX-512 VNNI (another CPU's name may let LLVM use instructions this one
-# lacks: for znver4, AMD's SSE4A insertq in byte shuffles, an illegal instruction on Intel), else Zen 4 to build for.
-VNNI = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": str(
-    tvm.get_global_func("tvm.codegen.llvm.GetHostCPUName")()) if _cpu_has_vnni() else "znver4"})
-
-
-needs_vnni = pytest.mark.skipif(not _cpu_has_vnni(), reason="this CPU has no AVX-512 VNNI to run the kernels on")
 
 
 def _bias(channels: int, channel_shape: list[int]) -> np.ndarray:

@@ -11,23 +11,12 @@ import torch
 from tvm import relax
 from tvm.script import tirx as T
 
+from cpu_features import VNNI, needs_vnni
 from forge_core.compiler.pipeline import build
 from forge_core.compiler.tir_pipeline import STACK_LIMIT, tir_pipeline
 
 TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})
 WORKSPACE = "TVMBackendAllocWorkspace"
-
-
-def _cpu_has_vnni() -> bool:
-    try:
-        return "avx512_vnni" in open("/proc/cpuinfo").read()
-    except OSError:
-        return False
-
-
-VNNI = tvm.target.Target({"kind": "llvm", "num-cores": 2,
-                          "mcpu": str(tvm.get_global_func("tvm.codegen.llvm.GetHostCPUName")())})
-needs_vnni = pytest.mark.skipif(not _cpu_has_vnni(), reason="this CPU has no AVX-512 VNNI to run the kernels on")
 
 
 def _tiled(elements: int, scope: str) -> tvm.IRModule:

@@ -154,7 +154,7 @@ def flat_stages(func: tirx.PrimFunc, lanes: int) -> tuple[tirx.PrimFunc, Grid] |
     analyzer = Analyzer()
 
     def on_plane(b, ch, h, w):  # noqa: ANN001, ANN202 - a padded input's element, on the plane
-        position = analyzer.simplify(h * const(pitch) + w)
+        position = analyzer.simplify(flat(b, ch, h, w)[-1])
         return [b, ch, tirx.floordiv(position, const(pitch)), tirx.floormod(position, const(pitch))]
 
     plane = alloc("pad_temp", plane_shape, acc_dtype)
@@ -163,8 +163,7 @@ def flat_stages(func: tirx.PrimFunc, lanes: int) -> tuple[tirx.PrimFunc, Grid] |
         plane = alloc("pad_temp", plane_shape, dtype_of(padded_source))
         value = redirect_loads(product, padded_source, plane, on_plane)
     for access in loads_of(value, plane):  # every tap a shift of the grid: o plus a constant
-        h, w = access.indices[2:]
-        coefficients = detect_linear_equation(analyzer.simplify(h * const(pitch) + w), [o])
+        coefficients = detect_linear_equation(analyzer.simplify(flat(*access.indices)[-1]), [o])
         if len(coefficients) != 2 or int(coefficients[0]) != 1:
             return None
     if rows * pitch * tvm.DataType(dtype_of(plane)).bits > 8 * STACK_LIMIT:
