@@ -27,7 +27,7 @@ from forge_tensorrt.onnx_module import ONNXModule
 from model_factory import IR_VERSION, conv_bn_net, digits_cnn, export_torch, light_model_path, make_model, two_io_net
 
 FP32 = 1e-5
-METHODS = ("average", "entropy", "minmax", "percentile")
+METHODS = ("average", "entropy", "minmax", "percentile", "mse")
 
 
 def _run(model: onnx.ModelProto | str, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -314,7 +314,8 @@ def test_quantize_errors_name_the_problem(calibrated_net):
         ({"activation_dtype": "uint8"}, "activation_dtype must be 'int8'"),
         ({"kernel_dtype": "uint8"}, "kernel_dtype must be 'int8'"),
         ({"bias_dtype": "int32"}, "biases in float"),
-        ({"calib_method": "mse"}, "calib_method must be one of 'average', 'entropy', 'minmax', 'percentile'"),
+        ({"calib_method": "kl"},
+         "calib_method must be one of 'average', 'entropy', 'minmax', 'percentile', 'mse'; given 'kl'"),
         ({"quant_type": "fast"}, "quant_type must be one of"),
         ({"percentile": 0}, "percentile must be a number"),
         ({"per_channel": "yes"}, "per_channel must be True or False"),

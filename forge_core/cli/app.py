@@ -95,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
              "rank, keeping a batch dimension of 1, else arr[i]); or, for a single-input model, an .npz with one "
              "sample per array. Files and keys are read in natural order, one sample at a time; dtypes must match "
              "the inputs' (nothing is cast). Required unless --quant-type dynamic")
-    quant.add_argument("--method", default="average", choices=["average", "entropy", "minmax", "percentile"],
+    quant.add_argument("--method", default="average",
+                       choices=["average", "entropy", "minmax", "percentile", "mse"],
                        help="calibration method of the activation ranges (default: average)")
     quant.add_argument("--percentile", type=float, default=99.0, metavar="P",
                        help="the cut-off of --method percentile (default: 99.0)")

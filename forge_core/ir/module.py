@@ -552,13 +552,17 @@ class IRModule(SignatureSurface):
             per_channel: If True, performs per-channel quantization on kernels.
                 Default is False.
             calib_method: Method for calibration ("average", "entropy",
-                "minmax", "percentile"), default is "average". "average" -
+                "minmax", "percentile", "mse"), default is "average". "average" -
                 computed average of the min-max extrema across calibration data,
                 "entropy" - distribution-based maximization of entropy of
                 quantized values (KL-divergence threshold search), "minmax" -
                 absolute most extreme min-max values across calibration data,
                 "percentile" - computed 99-th percentile cut-offs across
-                calibration data.
+                calibration data, "mse" - the cut-offs minimizing the expected
+                squared error of the quantized values (rounding inside,
+                clipping beyond; Forge's addition). "entropy" can clip hard
+                where a layer's values pile up on one value (flat image
+                backgrounds): check :meth:`quantization_report`.
             quant_type: Type of quantization ("static", "dynamic", "any"),
                 default is "any".
             exclude: Node names (see ``ir.main``) to keep float, e.g. the layers

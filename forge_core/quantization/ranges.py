@@ -1,6 +1,6 @@
 """From calibration statistics to quantization parameters (numpy only).
 
-The four methods of ``quantize(calib_method=...)`` each turn a node's
+The five methods of ``quantize(calib_method=...)`` each turn a node's
 statistics into a range ``[low, high]``:
 
 * ``"average"``: the mean over samples of each sample's minimum and maximum;
@@ -9,7 +9,19 @@ statistics into a range ``[low, high]``:
   closest, in KL divergence, to the observed one (TensorRT's search over the
   histogram), the range being the observed one clipped to ``[-T, T]``;
 * ``"percentile"``: ``T`` is the given percentile of ``|x|`` (99 by default,
-  as the docs say), clipped the same way.
+  as the docs say), clipped the same way;
+* ``"mse"`` (Forge's addition to the documented four): ``T`` minimizing the
+  expected squared error of the 8-bit quantized values over the histogram,
+  rounding inside the range and clipping beyond it (the ``"mse"`` calibrator
+  of NVIDIA's pytorch-quantization, on Forge's grid).
+
+The KL search of ``"entropy"`` compares distribution shapes, not values: a
+peak narrower than a quantization step (an image's flat background gives
+one activation value many times over) is smeared in its quantized candidate
+and costs more than clipping the whole tail past it. On a MobileNetV2 trained
+on scikit-learn's digits it clipped a ReLU6 output from 6 to 1.03, and the
+model's output SQNR fell to 4.6 dB (28.4 with ``"minmax"``, 28.7 with
+``"mse"``; benchmarks/quantization_accuracy.py).
 
 Activations are quantized asymmetrically (the zero point places 0 exactly on
 the grid, so ReLU outputs use all 256 levels); weights symmetrically (zero
@@ -25,7 +37,8 @@ import numpy as np
 
 from forge_core.quantization.calibration_data import TensorStatistics
 
-CALIB_METHODS = ("average", "entropy", "minmax", "percentile")
+CALIB_METHODS = ("average", "entropy", "minmax", "percentile", "mse")
+ACTIVATION_STEPS = 255  # an 8-bit activation's range holds 255 steps (int8 and uint8 alike)
 QUANT_DTYPES = ("int8", "uint8")
 BIAS_DTYPES = ("int8", "uint8", "int32")
 QUANT_TYPES = ("static", "dynamic", "any")
@@ -94,6 +107,39 @@ def _entropy_threshold(histogram: np.ndarray, edges: np.ndarray, levels: int) ->
     return best_threshold
 
 
+def _mse_threshold(histogram: np.ndarray, edges: np.ndarray, low: float, high: float, symmetric: bool) -> float:
+    """The threshold ``T`` on ``|x|`` whose 8-bit grid gives the least expected squared error.
+
+    Candidate ``T`` are the histogram's bin edges. A value with ``|x| <= T``
+    rounds to the grid, an error of ``step**2 / 12`` on average; one beyond is
+    clipped to ``T``, an error of ``(|x| - T)**2`` (``|x|`` at its bin's
+    centre). ``step`` is the clipped range over the grid's steps:
+    ``(min(high, T) - max(low, -T)) / 255`` for Forge's asymmetric grid, ``2T /
+    254`` for a symmetric one (zero point 0, levels -127..127). Exact zeros
+    are not in the histogram: 0 is on every grid. Ties go to the larger ``T``.
+    """
+    counts = histogram.astype(np.float64)
+    if not counts.any():
+        return float(edges[-1])
+    used = int(np.nonzero(counts)[0].max()) + 1
+    counts = counts[:used]
+    centres = (edges[:used] + edges[1:used + 1]) / 2.0
+    thresholds = np.asarray(edges[1:used + 1], dtype=np.float64)  # candidate i keeps bins [0, i]
+
+    def beyond(values: np.ndarray) -> np.ndarray:  # sum over the bins after each candidate's last kept bin
+        return np.concatenate([np.cumsum(values[::-1])[::-1][1:], [0.0]])
+
+    count_out, first_out, second_out = beyond(counts), beyond(counts * centres), beyond(counts * centres ** 2)
+    clipping = np.maximum(second_out - 2.0 * thresholds * first_out + thresholds ** 2 * count_out, 0.0)
+    if symmetric:
+        step = 2.0 * thresholds / (ACTIVATION_STEPS - 1)
+    else:
+        step = (np.minimum(high, thresholds) - np.maximum(low, -thresholds)) / ACTIVATION_STEPS
+    error = np.cumsum(counts) * step ** 2 / 12.0 + clipping
+    best = len(error) - 1 - int(np.argmin(error[::-1]))
+    return float(thresholds[best])
+
+
 def _percentile_threshold(histogram: np.ndarray, edges: np.ndarray, percentile: float) -> float:
     cumulative = np.cumsum(histogram.astype(np.float64))
     if cumulative[-1] == 0:
@@ -102,19 +148,26 @@ def _percentile_threshold(histogram: np.ndarray, edges: np.ndarray, percentile: 
     return float(edges[min(index + 1, len(edges) - 1)])
 
 
-def activation_range(stats: TensorStatistics, method: str, percentile: float = 99.0) -> tuple[float, float]:
-    """The range ``[low, high]`` (always holding 0) that ``method`` derives from ``stats``."""
+def activation_range(stats: TensorStatistics, method: str, percentile: float = 99.0,
+                     symmetric: bool = False) -> tuple[float, float]:
+    """The range ``[low, high]`` (always holding 0) that ``method`` derives from ``stats``.
+
+    ``symmetric``: the range goes to a symmetric grid (zero point 0, the
+    TensorRT plugin's), which ``"mse"`` weighs its rounding error on.
+    """
     if not stats.minima:
         raise ValueError("no calibration samples were recorded for this node")
     if method == "minmax":
         low, high = min(stats.minima), max(stats.maxima)
     elif method == "average":
         low, high = float(np.mean(stats.minima)), float(np.mean(stats.maxima))
-    elif method in ("entropy", "percentile"):
+    elif method in ("entropy", "percentile", "mse"):
         assert stats.histogram is not None and stats.bin_edges is not None
         low, high = min(stats.minima), max(stats.maxima)
         if method == "entropy":
             threshold = _entropy_threshold(stats.histogram, stats.bin_edges, 256 if low >= 0 else 128)
+        elif method == "mse":
+            threshold = _mse_threshold(stats.histogram, stats.bin_edges, low, high, symmetric)
         else:
             threshold = _percentile_threshold(stats.histogram, stats.bin_edges, percentile)
         low, high = max(low, -threshold), min(high, threshold)

@@ -235,8 +235,9 @@ class ONNXModule(SignatureSurface):
                 them into the int8 kernel); an integer dtype raises.
             per_channel: If True (default), one weight scale per output
                 channel; else one per weight tensor.
-            calib_method: "average", "entropy", "minmax" or "percentile", as
-                ``IRModule.quantize`` derives ranges; default "average".
+            calib_method: "average", "entropy", "minmax", "percentile" or
+                "mse", as ``IRModule.quantize`` derives ranges ("mse" weighs
+                the rounding of the symmetric grid); default "average".
             quant_type: "static" or "any" (both static; calibration required).
             exclude: Node names (or, for an unnamed node, its first output)
                 to keep float.

@@ -264,7 +264,7 @@ def quantize(model: onnx.ModelProto, calibration: CalibrationData | None, *, act
             if stats is None or not stats.minima:
                 raise ValueError(f"no calibration statistics for tensor {target.activation!r} (read by node "
                                  f"{target.node!r}); calibrate() again after changing the model")
-            low, high = activation_range(stats, calib_method, percentile)
+            low, high = activation_range(stats, calib_method, percentile, symmetric=True)
             amax = max(abs(low), abs(high))
             scale = np.float32(amax / 127.0 if amax > 0 else 1.0)
             t = target.activation
