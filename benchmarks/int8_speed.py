@@ -59,8 +59,9 @@ some 2 dB; Forge's entropy, TensorRT's KL search, clips the trained
 MobileNetV2 to 5 dB and 73% top-1; see the README's accuracy table).
 
 Targets (issue 14): Forge int8 / Forge fp32 <= 0.6; Forge int8 / onnxruntime
-int8 < 1; int8 SQNR >= 25 dB on the CNNs (MobileNetV2: the trained one). Prints a table per model and writes
-benchmarks/results/int8_speed.json (``--json``).
+int8 < 1; int8 SQNR >= 25 dB on the CNNs (MobileNetV2: the trained one).
+Prints a table per model and writes benchmarks/results/int8_speed.json
+(``--json``).
 """
 
 from __future__ import annotations
@@ -91,8 +92,8 @@ sys.path.insert(0, str(HERE))
 from models import BertEncoder, randomized  # noqa: E402
 from timing_worker import run_in_process as _worker  # noqa: E402
 from quantization_accuracy import (METHODS, MODELS, Method, Reader, export, logits_check, ort_run,  # noqa: E402
-                                   reestimate_batch_norms, smooth_images, sqnr_db, top1, torch_logits,
-                                   train_mobilenetv2_on_digits)
+                                   percent, reestimate_batch_norms, smooth_images, sqnr_db, top1,
+                                   torch_logits, train_mobilenetv2_on_digits)
 
 ENGINES = ("forge fp32", "forge int8", "onnxruntime fp32", "onnxruntime int8", "forge on ORT int8")
 TARGET_SPEEDUP = 0.6  # Forge int8 / Forge fp32
@@ -249,14 +250,10 @@ def _trained_line(found: dict) -> str:
     return (f"mobilenetv2 trained on digits ({found['size']}x{found['size']}, {found['train_s']:.0f} s to train): "
             f"int8 SQNR Forge {_fmt(found.get('forge_int8_sqnr_db'), '.1f')} dB, onnxruntime "
             f"{_fmt(found.get('ort_int8_sqnr_db'), '.1f')} dB; top-1 over {found['evaluation_digits']} held-out "
-            f"digits: fp32 {_pct(found['fp32_top1'])}, Forge int8 {_pct(found.get('forge_int8_top1'))}, "
-            f"onnxruntime int8 {_pct(found.get('ort_int8_top1'))}"
+            f"digits: fp32 {percent(found['fp32_top1'])}, Forge int8 {percent(found.get('forge_int8_top1'))}, "
+            f"onnxruntime int8 {percent(found.get('ort_int8_top1'))}"
             + "".join(f"; {engine} FAILED: {text.strip().splitlines()[-1]}"
                       for engine, text in found["errors"].items()))
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}%"
 
 
 def _forge_outputs(artifact: Path, inputs: list[np.ndarray]) -> list[np.ndarray]:

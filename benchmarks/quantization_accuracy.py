@@ -470,8 +470,8 @@ def run_model(name: str, args: argparse.Namespace, work: Path) -> tuple[list[Row
             if row.forge_sqnr_db is not None and row.ort_sqnr_db is not None:
                 row.difference_db = row.forge_sqnr_db - row.ort_sqnr_db
             accuracy = "" if labels is None else (
-                f"; top-1 fp32 {_pct(info['fp32_top1'])}, Forge {_pct(row.forge_top1)}, "
-                f"onnxruntime {_pct(row.ort_top1)}")
+                f"; top-1 fp32 {percent(info['fp32_top1'])}, Forge {percent(row.forge_top1)}, "
+                f"onnxruntime {percent(row.ort_top1)}")
             print(f"{name} {method_name} per_channel={per_channel}: Forge {_fmt(row.forge_sqnr_db)} dB "
                   f"({row.forge_s:.0f} s), onnxruntime {_fmt(row.ort_sqnr_db)} dB ({row.ort_s:.0f} s){accuracy}",
                   flush=True)
@@ -487,7 +487,8 @@ def _print_check(label: str, check: dict) -> None:
           + (f"; DEGENERATE: {', '.join(check['degenerate'])}" if check["degenerate"] else ""), flush=True)
 
 
-def _pct(value: float | None) -> str:
+def percent(value: float | None) -> str:
+    """A share as a percentage with one decimal; "error" when it was not measured."""
     return "error" if value is None else f"{100 * value:.1f}%"
 
 
@@ -546,7 +547,7 @@ def main() -> int:
         table.add_row(r.model, r.method, str(r.per_channel), _fmt(r.forge_sqnr_db), _fmt(r.ort_sqnr_db),
                       _fmt(r.difference_db, signed=True),
                       "" if r.forge_top1 is None and r.ort_top1 is None
-                      else f"{_pct(r.forge_top1)} / {_pct(r.ort_top1)}")
+                      else f"{percent(r.forge_top1)} / {percent(r.ort_top1)}")
     Console(width=140).print(table)
     for info in infos:
         degenerate = info["fp32_logits"]["degenerate"]
