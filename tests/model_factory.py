@@ -163,6 +163,39 @@ def onnxruntime_quantized(proto: onnx.ModelProto, samples: list[dict[str, np.nda
     return str(target)
 
 
+def with_exact_integer_matmuls(path: str) -> str:
+    """The model at ``path`` with each ``MatMulInteger`` written as int32 ``MatMul`` of its zero-point-shifted
+    inputs (exact), saved beside it; the new path.
+
+    onnxruntime computes uint8 x int8 ``MatMulInteger`` with ``vpmaddubsw`` on CPUs without VNNI, whose int16
+    pair sums saturate on full-range bytes (its documentation says so); int32 ``MatMul`` is exact everywhere.
+    """
+    from onnx import helper
+
+    model = onnx.load(path)
+    nodes = []
+    for node in model.graph.node:
+        if node.op_type != "MatMulInteger":
+            nodes.append(node)
+            continue
+        shifted = []
+        for index, name in enumerate(node.input[:2]):
+            wide = f"{node.output[0]}__exact_{index}"
+            nodes.append(helper.make_node("Cast", [name], [wide], to=onnx.TensorProto.INT32))
+            zero_point = node.input[index + 2] if len(node.input) > index + 2 and node.input[index + 2] else None
+            if zero_point is not None:
+                nodes.append(helper.make_node("Cast", [zero_point], [wide + "_zp"], to=onnx.TensorProto.INT32))
+                nodes.append(helper.make_node("Sub", [wide, wide + "_zp"], [wide + "_shifted"]))
+                wide += "_shifted"
+            shifted.append(wide)
+        nodes.append(helper.make_node("MatMul", shifted, list(node.output), name=node.name))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    exact = path.replace(".onnx", "_exact_matmuls.onnx")
+    onnx.save(model, exact)
+    return exact
+
+
 def digits_cnn(batch: int = 128):
     """A CNN trained on scikit-learn's digits (seconds), as ONNX at ``batch``: ``(proto, calibration, tests)``.
 

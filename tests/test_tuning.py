@@ -13,6 +13,7 @@ import subprocess
 import numpy as np
 import onnx
 import pytest
+from cpu_features import requires_isa
 from model_factory import conv_bn_net
 
 import forge
@@ -80,11 +81,11 @@ def test_tuning_a_quantized_model_keeps_onnxruntimes_int8_numbers(tmp_path, capl
     assert (got == expected).mean() >= 0.99 and np.abs(got - expected).max() <= 0.02 * np.abs(expected).max()
 
 
-@pytest.mark.parametrize("intrinsic,mcpu", [("dot_16x4_vnni", "znver4"), ("dot_16x4_avx512", "skylake-avx512")])
-def test_tvms_x86_intrinsics_the_search_tensorizes_with_are_exact_on_full_range_bytes(intrinsic, mcpu):
-    """MetaSchedule's x86 design spaces tensorize uint8 x int8 blocks with TVM's ``dot_16x4_vnni`` (which LLVM
-    22 rejects) and ``dot_16x4_avx512`` (``pmaddubsw``, which saturates): within the search, and when records are
-    applied, both names compute exactly. Each runs on this CPU (AVX-512 VNNI)."""
+X86_INTRINSICS = [("dot_16x4_vnni", "znver4"), ("dot_16x4_avx512", "skylake-avx512")]
+
+
+def _tensorized_dot(intrinsic: str, mcpu: str):
+    """A uint8 x int8 -> int32 dot tensorized with ``intrinsic`` as the search does, built for ``mcpu``."""
     import tvm
     from tvm import s_tir
     from tvm.script import tirx as T
@@ -112,7 +113,24 @@ def test_tvms_x86_intrinsics_the_search_tensorizes_with_are_exact_on_full_range_
     sch.decompose_reduction(block, k_outer)
     with cpu_tensor_intrinsics():
         sch.tensorize(j_inner, intrinsic)
-        kernel = tvm.compile(sch.mod, target=tvm.target.Target({"kind": "llvm", "mcpu": mcpu}))
+        return tvm.compile(sch.mod, target=tvm.target.Target({"kind": "llvm", "mcpu": mcpu}))
+
+
+@pytest.mark.parametrize("intrinsic,mcpu", X86_INTRINSICS)
+def test_tvms_x86_intrinsics_the_search_tensorizes_with_compile_to_exact_dot_products(intrinsic, mcpu):
+    """Compiled only, on any host: both of TVM's names become ``vpdpbusd`` on zmm (Forge's exact dot product),
+    never the saturating ``vpmaddubsw``."""
+    asm = _tensorized_dot(intrinsic, mcpu).mod.inspect_source("asm")
+    assert "vpdpbusd" in asm and "zmm" in asm and "vpmaddubsw" not in asm
+
+
+@requires_isa("avx512f", "avx512bw", "avx512vl", "avx512_vnni", why="to run the tensorized dot products on")
+@pytest.mark.parametrize("intrinsic,mcpu", X86_INTRINSICS)
+def test_tvms_x86_intrinsics_the_search_tensorizes_with_are_exact_on_full_range_bytes(intrinsic, mcpu):
+    """MetaSchedule's x86 design spaces tensorize uint8 x int8 blocks with TVM's ``dot_16x4_vnni`` (which LLVM
+    22 rejects) and ``dot_16x4_avx512`` (``pmaddubsw``, which saturates): within the search, and when records are
+    applied, both names compute exactly. Run where this CPU has AVX-512 VNNI."""
+    kernel = _tensorized_dot(intrinsic, mcpu)
     rng = np.random.default_rng(0)
     a = np.full((8, 64), 255, np.uint8)  # pmaddubsw's worst case: 255 * 127 + 255 * 127 > 32767
     a[4:] = rng.integers(0, 256, (4, 64))

@@ -13,6 +13,7 @@ from forge_core.compiler.options import CompileOptions
 from forge_core.runtime import metadata as schema
 from forge_core.runtime.signature import TensorSpec
 from forge_core.security.encrypted_library import KEY_FILE
+from forge_core.targets.isa import required_cpu_features
 from forge_core.targets.parsing import plain_config, target_to_string
 
 _LAYOUT_ATTRS = ("data_layout", "layout")
@@ -74,6 +75,7 @@ def build_metadata(
         "target": _target_entry(target),
         "host": _target_entry(host),
         "device_type": "cuda" if target.kind.name == "cuda" else "cpu",
+        "cpu_features": required_cpu_features(host if host is not None else target),
         "inputs": _io(inputs, layouts),
         "outputs": _io(outputs, {}),
         "precision": (quantization["activation_dtype"] if quantization is not None

@@ -17,6 +17,7 @@ from tvm import relax
 
 from forge_core.errors import ArtifactCorruptedError, CorruptLibraryError, ForgeError, KeyIgnoredWarning
 from forge_core.runtime import metadata as schema
+from forge_core.runtime.cpu_features import host_cpu_model, missing_features
 from forge_core.runtime.library_file import (
     elf_machine,
     host_machine,
@@ -55,6 +56,31 @@ def cross_check_metadata_file(library: Path, data: bytes, document: dict[str, An
             f"{str(side)!r} names uuid {recorded.get('uuid')}, the library {str(library)!r} carries "
             f"{document.get('uuid')}: the two come from different compiles."
         )
+
+
+def check_cpu_features(library: Path, document: dict[str, Any]) -> None:
+    """Refuse a library whose code uses instruction-set extensions this CPU lacks, before anything runs it.
+
+    Without this, the first kernel to execute such an instruction kills the
+    process with SIGILL. The extensions come from the metadata's
+    ``cpu_features`` (absent from artifacts compiled before Forge recorded
+    them: those are not checked).
+    """
+    recorded = document.get("cpu_features")
+    if not recorded or recorded.get("arch") != host_machine():
+        return
+    missing = missing_features(recorded.get("flags", []))
+    if not missing:
+        return
+    target = (document.get("target") or {}).get("string", "?")
+    suggestion = ("'llvm -mcpu=x86-64-v3' for any CPU with AVX2 and FMA" if recorded["arch"] == "x86_64"
+                  else "'llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a72' for any 64-bit Arm CPU")
+    raise ForgeError(
+        f"{str(library)!r} is compiled for {target!r}, whose code uses CPU features this CPU "
+        f"({host_cpu_model()}) lacks: {', '.join(missing)}. Running it would stop at the first such "
+        f"instruction (SIGILL). Recompile it on this machine with target 'llvm' (this CPU), or for a class "
+        f"this CPU belongs to, e.g. {suggestion}."
+    )
 
 
 class LoadedArtifact(SignatureSurface):
@@ -119,6 +145,11 @@ class Runtime(LoadedArtifact):
     ``CorruptLibraryError`` (any modified or missing byte) and
     ``KeyMismatchError`` (the key of another artifact).
 
+    A library whose CPU code uses instruction-set extensions this CPU lacks
+    (compiled for ``-mcpu=znver5`` and copied to an AVX2 machine) raises
+    :class:`~forge_core.errors.ForgeError` naming them, before anything runs
+    (:func:`check_cpu_features`).
+
     Inputs go positionally as numpy arrays, in the order of ``input_names``;
     ``infer`` returns a list of numpy arrays, one per output.
 
@@ -171,6 +202,7 @@ class Runtime(LoadedArtifact):
                 f"{str(path)!r} is built for {built_for}; this machine is {here}. "
                 f"Copy the artifact to a {built_for} machine and run it there."
             )
+        check_cpu_features(path, document)
         device_type = document.get("device_type", "cpu")
         if device_type not in _DEVICES:
             raise ForgeError(f"{str(path)!r} targets device {device_type!r}, which this runtime cannot drive")

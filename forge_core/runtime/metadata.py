@@ -18,6 +18,11 @@ Schema, version 1 (``schema_version``)::
     target           {"string": docs-style target string, "config": TVM config dict}
     host             same shape as target, or null
     device_type      "cpu" or "cuda": where the library runs
+    cpu_features     optional: {"arch": "x86_64" or "aarch64", "flags": [...]}, the instruction-set
+                     extensions (Linux's /proc/cpuinfo names: "avx2", "avx512_vnni", "asimddp")
+                     that the library's CPU code may use, from the target's -mcpu and -mattr;
+                     the runtime refuses to load it on a CPU without them. null for a CPU
+                     architecture Forge does not check (absent from artifacts compiled before)
     inputs           [{"name", "shape", "dtype", "layout"}], -1 for a dynamic dim,
                      layout "NCHW"/"NHWC" when the input feeds a convolution or
                      pooling directly, else null
@@ -108,6 +113,9 @@ JSON_SCHEMA: dict[str, Any] = {
         "target": _TARGET_SCHEMA,
         "host": {"oneOf": [{"type": "null"}, _TARGET_SCHEMA]},
         "device_type": {"enum": ["cpu", "cuda"]},
+        "cpu_features": {"oneOf": [{"type": "null"}, {
+            "type": "object", "required": ["arch", "flags"],
+            "properties": {"arch": {"type": "string"}, "flags": {"type": "array", "items": {"type": "string"}}}}]},
         "inputs": {"type": "array", "items": _TENSOR_SCHEMA},
         "outputs": {"type": "array", "items": _TENSOR_SCHEMA},
         "precision": {"enum": ["float32", "float16", "int8", "uint8", "quantized"]},

@@ -17,8 +17,11 @@ range; wider integers, which index (gather, take) or carry shapes, are 0 so that
 no index leaves its tensor. Every buffer the function writes starts as NaN (or
 a sentinel) in the scheduled run and as 0 in the reference run, so an element
 the schedule forgets to write is a mismatch too. A function is compared on the
-host CPU: the target itself when the host runs it, generic LLVM for a cross
-target (the schedule's loop structure is what is checked). GPU targets' functions
+host CPU: the target itself when the host runs it, the target less the
+extensions this CPU lacks when it has not all of them (``-mcpu=znver4`` on an
+AVX2 machine), generic LLVM for a cross target (the schedule's loop structure
+is what is checked; a function that calls the target's own instructions,
+VNNI's or Arm's ``sdot``, is then not verified, and the log says so). GPU targets' functions
 and functions with symbolic shapes are not verified, and the log says so.
 """
 
@@ -250,10 +253,12 @@ def _fill(shape: tuple[int, ...], dtype: str, reference: bool) -> np.ndarray:
 
 
 def _host_target(target: tvm.target.Target) -> tvm.target.Target:
+    from forge_core.targets.isa import runnable_here
+
     host = tvm.target.Target.from_device(tvm.cpu())
     triple = str(target.attrs.get("mtriple", "") or "")
     if not triple or triple == str(host.attrs.get("mtriple", "") or ""):
-        return target
+        return runnable_here(target)  # the target, less the extensions this CPU lacks (AVX-512 on an AVX2 host)
     return tvm.target.Target({"kind": "llvm"})
 
 
@@ -306,7 +311,7 @@ def verify_function(name: str, rule: str, original: tirx.PrimFunc, scheduled: ti
         return "it divides by integers it loads"
     host = _host_target(target)
     if host is not target and _calls_llvm_intrinsic(scheduled):
-        # The target's own instructions (Arm's sdot): LLVM cannot build them for this host.
+        # The target's own instructions (Arm's sdot, AVX-512 VNNI on an AVX2 host): this host cannot run them.
         return "it calls instructions of the target that this host cannot run"
     key = (tvm_ffi.structural_hash(original, map_free_vars=True), tvm_ffi.structural_hash(scheduled, map_free_vars=True),
            str(host))

@@ -177,16 +177,23 @@ def host_cpu_config(config: dict[str, Any]) -> dict[str, Any]:
     """``config`` of an ``llvm`` target that names no CPU: this machine's CPU and core count.
 
     ``"llvm"`` alone compiles for the machine compiling: its ``-mcpu`` (so AVX2 or
-    AVX-512 is used) and, unless given, ``-num-cores`` from ``FORGE_NUM_THREADS``
-    or the cores this process may use. Name an ``-mcpu``, an ``-mtriple`` or a
-    tag to build for another machine.
+    AVX-512 is used), an ``-mattr`` that turns off each extension the CPU's
+    model has and this CPU lacks (a virtual machine may hide AVX-512) or on
+    each it has beyond the model (:func:`forge_core.targets.isa.host_mattr`),
+    and, unless given, ``-num-cores`` from ``FORGE_NUM_THREADS`` or the cores
+    this process may use. Name an ``-mcpu``, an ``-mtriple`` or a tag to build
+    for another machine.
     """
     if config.get("kind") != "llvm" or config.get("mcpu") or config.get("mtriple"):
         return config
+    from forge_core.targets.isa import host_mattr
     from forge_core.threads import default_thread_count
 
     filled = dict(config)
     filled["mcpu"] = str(tvm.get_global_func("tvm.codegen.llvm.GetHostCPUName")())
+    mattr = host_mattr(filled["mcpu"], list(config.get("mattr") or []))
+    if mattr:
+        filled["mattr"] = mattr
     filled.setdefault("num-cores", default_thread_count())
     return filled
 

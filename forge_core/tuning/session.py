@@ -28,6 +28,9 @@ from forge_core.errors import ForgeError
 from forge_core.ir import weights
 from forge_core.schedules.apply import SCHEDULED_ATTR, default_rules
 from forge_core.schedules.blocks import is_static
+from forge_core.runtime.cpu_features import host_cpu_model, missing_features
+from forge_core.runtime.library_file import host_machine
+from forge_core.targets.isa import required_cpu_features
 from forge_core.targets.parsing import resolve_target
 from forge_core.errors import FileAccessError
 from forge_core.files import StagedDirectory
@@ -255,6 +258,8 @@ def tune_module(
         raise ForgeError(f"Tuning needs the target's core count: add -num-cores=N to {target!r}")
     options = options or CompileOptions.validate()
     remote = RemoteDevices.of(rpc) if rpc is not None else None
+    if remote is None:
+        _check_measurable_here(tvm_target, target)
     started = time.monotonic()
     directory = Path(work_dir)
     check_database_directory(directory)
@@ -279,6 +284,19 @@ def tune_module(
         shutil.rmtree(scratch, ignore_errors=True)
     report.database = directory
     return report
+
+
+def _check_measurable_here(tvm_target: Any, given: Any) -> None:
+    """Without ``rpc``, candidates run on this CPU: refuse a target whose code it cannot execute (SIGILL)."""
+    required = required_cpu_features(tvm_target)
+    if required is not None and required["arch"] != host_machine():
+        raise ForgeError(f"Tuning for {given!r} measures candidates on a {required['arch']} CPU; this machine is "
+                         f"{host_machine()}. Tune on the board through rpc= (forge tune --rpc), or on such a machine.")
+    missing = missing_features(required["flags"]) if required is not None else None
+    if missing:
+        raise ForgeError(f"Tuning for {given!r} measures candidates on this CPU ({host_cpu_model()}), which lacks "
+                         f"{', '.join(missing)}: they would stop at the first such instruction. Tune on a machine "
+                         "of that class (or a board through rpc=), or tune for 'llvm', this CPU.")
 
 
 def _keep_measured(stage: StagedDirectory, staged: Path, directory: Path, exc: BaseException) -> None:
