@@ -163,16 +163,12 @@ def onnxruntime_quantized(proto: onnx.ModelProto, samples: list[dict[str, np.nda
     return str(target)
 
 
-def with_exact_integer_matmuls(path: str) -> str:
-    """The model at ``path`` with each ``MatMulInteger`` written as int32 ``MatMul`` of its zero-point-shifted
-    inputs (exact), saved beside it; the new path.
-
-    onnxruntime computes uint8 x int8 ``MatMulInteger`` with ``vpmaddubsw`` on CPUs without VNNI, whose int16
-    pair sums saturate on full-range bytes (its documentation says so); int32 ``MatMul`` is exact everywhere.
-    """
+def _exact_integer_matmuls(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` with each ``MatMulInteger`` written as int32 ``MatMul`` of its zero-point-shifted
+    inputs: exact everywhere, where onnxruntime's uint8 x int8 kernel saturates on CPUs without VNNI."""
     from onnx import helper
 
-    model = onnx.load(path)
+    model = onnx.ModelProto.FromString(model.SerializeToString())
     nodes = []
     for node in model.graph.node:
         if node.op_type != "MatMulInteger":
@@ -191,9 +187,35 @@ def with_exact_integer_matmuls(path: str) -> str:
         nodes.append(helper.make_node("MatMul", shifted, list(node.output), name=node.name))
     del model.graph.node[:]
     model.graph.node.extend(nodes)
-    exact = path.replace(".onnx", "_exact_matmuls.onnx")
-    onnx.save(model, exact)
-    return exact
+    return model
+
+
+def onnxruntime_int8_references(model: str | bytes, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """onnxruntime's outputs (the first of each run) for a quantized model, computed exactly on this CPU.
+
+    onnxruntime's fused int8 kernels (QLinearConv, MatMulInteger...) multiply uint8 by int8 with
+    ``vpmaddubsw`` on CPUs without VNNI (AVX2, AVX-512 without VNNI), whose int16 pair sums saturate
+    on full-range bytes: its own documentation says so, and on an AVX2 Zen MobileNet blocks' logits
+    came out 7 of 10 different. So the reference is onnxruntime with its graph optimizations off (each
+    QuantizeLinear, DequantizeLinear and float operator as written) and ``MatMulInteger`` as exact int32
+    ``MatMul``; where this CPU has VNNI (AVX-512 VNNI or AVX-VNNI: exact ``vpdpbusd``), onnxruntime's
+    optimized session as well.
+    """
+    import onnxruntime as ort
+    from cpu_features import cpu_has
+
+    if isinstance(model, bytes):
+        proto = onnx.load_from_string(model)
+    else:
+        proto = onnx.load(model)
+    exact = proto if not any(n.op_type == "MatMulInteger" for n in proto.graph.node) else _exact_integer_matmuls(proto)
+    plain = ort.SessionOptions()
+    plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    runs = [(exact.SerializeToString(), plain)]
+    if cpu_has("avx512_vnni") or cpu_has("avx_vnni"):
+        runs.append((proto.SerializeToString(), ort.SessionOptions()))
+    return [ort.InferenceSession(data, options, providers=["CPUExecutionProvider"]).run(None, feed)[0]
+            for data, options in runs]
 
 
 def digits_cnn(batch: int = 128):
