@@ -240,4 +240,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    from forge_core.runtime.cpu_features import describe_host
+
+    print(describe_host(), flush=True)  # every figure below counts for this CPU class
     sys.exit(main())

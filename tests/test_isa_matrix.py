@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import torch
 import tvm
-from cpu_features import FLAGS, can_run
+from cpu_features import FLAGS, MODEL, can_run
 from model_factory import export_torch, onnxruntime_quantized
 from torch import nn
 
@@ -259,3 +259,16 @@ def test_tuning_for_a_class_this_cpu_cannot_run_is_refused(tmp_path):
         _one_conv().tune(target=target + " -num-cores=2", work_dir=tmp_path / "db", trials=2, progress=False)
     assert all(flag in str(refused.value) for flag in missing), (missing, str(refused.value))
     assert not (tmp_path / "db").exists()
+
+
+def test_benchmarks_say_which_cpu_class_their_figures_are_for():
+    from forge_core.runtime.cpu_features import describe_host
+
+    line = describe_host()
+    assert line.startswith("CPU: ") and MODEL in line
+    for flag in ("avx2", "avx512f", "avx512_vnni", "avx_vnni") if "(x86_64)" in line else ():
+        assert re.search(rf"\b{flag}\b", line.split(";")[0] if flag in FLAGS else line.split("without")[-1]), line
+    benchmarks = Path(__file__).parent.parent / "benchmarks"
+    for script in sorted(benchmarks.glob("*.py")):
+        if "__main__" in script.read_text() and script.name != "timing_worker.py":  # the worker prints JSON
+            assert "describe_host()" in script.read_text(), script.name

@@ -34,7 +34,8 @@ X86_FLAGS = {
     "avx512vl": "avx512vl", "avx512ifma": "avx512ifma", "avx512vbmi": "avx512vbmi",
     "avx512vbmi2": "avx512_vbmi2", "avx512vnni": "avx512_vnni", "avx512bitalg": "avx512_bitalg",
     "avx512vpopcntdq": "avx512_vpopcntdq", "avx512bf16": "avx512_bf16", "avx512fp16": "avx512_fp16",
-    "avx512vp2intersect": "avx512_vp2intersect", "avxvnni": "avx_vnni", "gfni": "gfni", "amx-tile": "amx_tile", "amx-int8": "amx_int8", "amx-bf16": "amx_bf16",
+    "avx512vp2intersect": "avx512_vp2intersect", "avxvnni": "avx_vnni", "gfni": "gfni",
+    "amx-tile": "amx_tile", "amx-int8": "amx_int8", "amx-bf16": "amx_bf16",
 }
 
 # LLVM's AArch64 feature names -> the Features Linux reports, with their bit in AT_HWCAP (16) or AT_HWCAP2 (26).
@@ -50,9 +51,13 @@ FLAGS_BY_ARCH = {"x86_64": X86_FLAGS, "aarch64": AARCH64_FLAGS}
 """For each architecture, the LLVM features that are recorded and checked, and their Linux names."""
 
 
-def _machine() -> str:
+_MACHINE_ALIASES = {"amd64": "x86_64", "arm64": "aarch64", "armv7l": "arm", "i686": "x86"}
+
+
+def host_machine() -> str:
+    """This machine's architecture as ELF names it: ``x86_64``, ``aarch64``, ``arm``, ``x86``..."""
     machine = platform.machine().lower()
-    return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
+    return _MACHINE_ALIASES.get(machine, machine)
 
 
 def _cpuinfo_flags() -> frozenset[str] | None:
@@ -85,7 +90,7 @@ def host_features() -> frozenset[str] | None:
     x86: ``/proc/cpuinfo``'s ``flags``. AArch64: the kernel's ``AT_HWCAP`` and
     ``AT_HWCAP2`` words. None on another architecture or operating system.
     """
-    machine = _machine()
+    machine = host_machine()
     if machine == "x86_64":
         return _cpuinfo_flags()
     if machine == "aarch64":
@@ -112,3 +117,21 @@ def missing_features(required: Iterable[str]) -> list[str] | None:
     if have is None:
         return None
     return [flag for flag in required if flag not in have]
+
+
+# The extensions that decide which kernels a CPU gets, shown with every benchmark figure.
+_DECISIVE = {"x86_64": ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_tile"),
+             "aarch64": ("asimd", "asimddp", "i8mm", "sve", "sve2")}
+
+
+def describe_host() -> str:
+    """One line naming this CPU and which decisive extensions it has and lacks, for benchmark output.
+
+    ``"CPU: AMD EPYC (x86_64): avx2 fma; without avx512f avx512bw avx512_vnni avx_vnni amx_tile"``
+    """
+    machine = host_machine()
+    have = host_features() or frozenset()
+    decisive = _DECISIVE.get(machine, ())
+    present = " ".join(flag for flag in decisive if flag in have) or "none"
+    absent = " ".join(flag for flag in decisive if flag not in have)
+    return f"CPU: {host_cpu_model()} ({machine}): {present}" + (f"; without {absent}" if absent else "")

@@ -17,10 +17,9 @@ from tvm import relax
 
 from forge_core.errors import ArtifactCorruptedError, CorruptLibraryError, ForgeError, KeyIgnoredWarning
 from forge_core.runtime import metadata as schema
-from forge_core.runtime.cpu_features import host_cpu_model, missing_features
+from forge_core.runtime.cpu_features import host_cpu_model, host_machine, missing_features
 from forge_core.runtime.library_file import (
     elf_machine,
-    host_machine,
     load_library_bytes,
     load_library_in_memory,
 )

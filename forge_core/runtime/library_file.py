@@ -25,7 +25,6 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
-import platform
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -34,10 +33,11 @@ from pathlib import Path
 import tvm
 
 from forge_core.errors import ArtifactCorruptedError, ForgeError
+from forge_core.runtime.cpu_features import host_machine  # noqa: F401 - imported from here too
+
 
 # ELF e_machine values (the ELF specification)
 _ELF_MACHINES = {3: "x86", 40: "arm", 62: "x86_64", 183: "aarch64", 243: "riscv"}
-_HOST_ALIASES = {"amd64": "x86_64", "arm64": "aarch64", "armv7l": "arm", "i686": "x86"}
 
 
 def elf_machine(data: bytes) -> str | None:
@@ -110,11 +110,6 @@ def verify(data: bytes, name: str) -> None:
             f"{name} was modified or corrupted: the checksum of its {length} bytes is {found.hex()}, "
             f"the one recorded is {recorded.hex()}. Copy it again from the compile output."
         )
-
-
-def host_machine() -> str:
-    machine = platform.machine().lower()
-    return _HOST_ALIASES.get(machine, machine)
 
 
 def _load_shared_library(path: str) -> tvm.runtime.Module:

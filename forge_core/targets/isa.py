@@ -17,8 +17,7 @@ from typing import Any
 import tvm
 from tvm.target import Target
 
-from forge_core.runtime.cpu_features import FLAGS_BY_ARCH
-from forge_core.runtime.library_file import host_machine
+from forge_core.runtime.cpu_features import FLAGS_BY_ARCH, host_machine
 
 
 def target_arch(target: Target) -> str | None:

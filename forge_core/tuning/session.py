@@ -28,8 +28,7 @@ from forge_core.errors import ForgeError
 from forge_core.ir import weights
 from forge_core.schedules.apply import SCHEDULED_ATTR, default_rules
 from forge_core.schedules.blocks import is_static
-from forge_core.runtime.cpu_features import host_cpu_model, missing_features
-from forge_core.runtime.library_file import host_machine
+from forge_core.runtime.cpu_features import host_cpu_model, host_machine, missing_features
 from forge_core.targets.isa import required_cpu_features
 from forge_core.targets.parsing import resolve_target
 from forge_core.errors import FileAccessError
