@@ -20,6 +20,7 @@ from forge_core.errors import (
     InputError,
     InvalidModelError,
     KeyIgnoredWarning,
+    ModelQuirkWarning,
     KeyMismatchError,
     MissingKeyError,
     MissingPasswordError,
@@ -118,4 +119,5 @@ __all__ = [
     "KeyMismatchError",
     "WeakPasswordWarning",
     "KeyIgnoredWarning",
+    "ModelQuirkWarning",
 ]

@@ -187,5 +187,10 @@ class WeakPasswordWarning(UserWarning):
     """An encryption password is short or uses one kind of character only."""
 
 
+class ModelQuirkWarning(UserWarning):
+    """A model deviates from its format's spec where the reference runtime accepts it, and is read as that
+    runtime reads it (a ``-1`` dim as dynamic, a repeated node name made unique); the warning names each."""
+
+
 class KeyIgnoredWarning(UserWarning):
     """A key file or password was given for a library that is not encrypted."""

@@ -133,7 +133,6 @@ _MALFORMED = {
                        r"node 'fc' \(op Gemm\): input 1 is 'w_nowhere', which no node"),
     "duplicate output": (lambda m: _node(m, "pool1").output.__setitem__(0, "r1"),
                          r"node 'pool1' \(op MaxPool\): output 'r1' is already defined"),
-    "duplicate node name": (lambda m: setattr(_node(m, "fc"), "name", "conv1"), r"two nodes are named 'conv1'"),
     "short initializer": (lambda m: setattr(m.graph.initializer[0], "raw_data", m.graph.initializer[0].raw_data[:-4]),
                           r"initializer 'w1' has dims \[4, 3, 3, 3\] of FLOAT: 432 bytes of raw_data, but it holds "
                           r"428"),
@@ -185,6 +184,48 @@ def test_nodes_out_of_order_are_sorted_and_compute_what_onnxruntime_does():
     x = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)
     expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     np.testing.assert_allclose(forge.from_onnx(model).get_inference_function()(x), expected[0], rtol=1e-5, atol=1e-6)
+
+
+def _with_quirks(model: onnx.ModelProto, names: bool = True) -> onnx.ModelProto:
+    """Exporters' deviations that onnx.checker accepts: Paddle2ONNX's -1 for a dynamic dim in value types (the
+    input, the output and an intermediate value) and an unnamed node, which onnxruntime accepts too, and with
+    ``names`` spox's repeated node names (onnxruntime refuses those)."""
+    for value in (model.graph.input[0], model.graph.output[0]):
+        value.type.tensor_type.shape.dim[0].dim_value = -1
+    model.graph.value_info.append(helper.make_tensor_value_info("r1", TensorProto.FLOAT, [-1, 4, 8, 8]))
+    if names:
+        for name in ("relu1", "pool1", "fc"):
+            _node(model, name).name = "F0::anon"
+    model.graph.node[0].name = ""
+    return model
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["inference", "compiled"])
+def test_exporter_quirks_that_onnxruntime_accepts_load_with_a_warning_naming_each(compiled, tmp_path):
+    model = _with_quirks(_convnet())
+    onnx.checker.check_model(model, full_check=True)
+    x = np.random.default_rng(4).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    reference = _with_quirks(_convnet(), names=False)  # node names change no number
+    onnx.checker.check_model(reference, full_check=True)
+    expected = ort.InferenceSession(reference.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})
+    with pytest.warns(forge.ModelQuirkWarning) as caught:
+        ir = forge.from_onnx(model)
+    message = str(caught[0].message)
+    assert "graph output 'y': dims[0] = -1 read as a dynamic dim" in message, message
+    assert "graph input 'x': dims[0] = -1" in message and "value 'r1': dims[0] = -1" in message, message
+    assert message.count("a second node named 'F0::anon'") == 2, message
+    assert "renamed 'F0::anon_1'" in message and "renamed 'F0::anon_2'" in message, message
+    # the caller's model is not edited
+    assert [n.name for n in model.graph.node].count("F0::anon") == 3
+    assert ir.input_shapes == [(forge.DYNAMIC_DIM, 3, 8, 8)]
+    if compiled:
+        ir.set_batch_size(1)  # a fully static artifact (a dynamic one is the dynamic-shapes work's)
+        ir.compile(output_path=str(tmp_path / "a"))
+        got = forge.Runtime(str(tmp_path / "a")).infer(x)[0]
+    else:
+        got = ir.get_inference_function()(x)
+    np.testing.assert_allclose(got, expected[0], rtol=1e-5, atol=1e-6)
 
 
 def test_a_call_tvm_cannot_lower_is_traced_to_its_node():

@@ -20,7 +20,7 @@ import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
 
-from forge_core.errors import ModelImportError, OperatorConversionError
+from forge_core.errors import ModelImportError, ModelQuirkWarning, OperatorConversionError
 from forge_core.ir.module import IRModule
 from forge_core.ir.naming import with_output_names
 from forge_core.ir.weights import lift_weights
@@ -170,13 +170,14 @@ def _model_opset(model: onnx.ModelProto) -> int:
 
 
 def _needs_edit(model: onnx.ModelProto, shape: Mapping[str, Sequence[Dim]] | None, dtype: Any) -> bool:
-    """Whether the user's options or unnamed nodes require editing (a copy of) the model."""
+    """Whether the user's options, unnamed nodes or an exporter's quirks require editing (a copy of) the model."""
     untyped = any(vi.type.tensor_type.elem_type == onnx.TensorProto.UNDEFINED for vi in _graph_inputs(model))
     return (
         bool(shape)
         or isinstance(dtype, Mapping)
         or untyped
         or any(not node.name for node in iter_nodes(model.graph))
+        or validation.exporter_quirks(model)
         or graph_rewrites.needs_rewrite(model)
     )
 
@@ -339,6 +340,11 @@ def load_onnx(
         edited = onnx.ModelProto()
         edited.CopyFrom(proto)  # never modify the caller's model
         proto = edited
+        repaired = validation.repair_quirks(proto)
+        if repaired:
+            shown = "; ".join(repaired[:8]) + (f"; and {len(repaired) - 8} more" if len(repaired) > 8 else "")
+            warnings.warn(f"from_onnx: {describe_source(model)} deviates from the ONNX spec where onnx.checker "
+                          f"accepts it, and is read leniently: {shown}", ModelQuirkWarning, stacklevel=3)
         _name_nodes(proto)
         if unsorted:
             validation.sort_nodes(proto)

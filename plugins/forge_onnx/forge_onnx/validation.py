@@ -287,6 +287,68 @@ def _check_value(value: onnx.ValueInfoProto, what: str, typed: bool) -> None:
             raise InvalidModelError(f"{what} {value.name!r} has a negative dimension: dims[{axis}] = {dim.dim_value}")
 
 
+def _value_types(graph: onnx.GraphProto, where: str) -> Iterator[tuple[str, onnx.ValueInfoProto]]:
+    for what, values in (("graph input", graph.input), ("graph output", graph.output),
+                         ("value", graph.value_info)):
+        for value in values:
+            yield f"{where}{what}", value
+    for node in graph.node:
+        for attr_name, sub in subgraphs(node):
+            yield from _value_types(sub, f"{where}{describe_node(node)}, attribute {attr_name!r}: ")
+
+
+def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    yield graph
+    for node in graph.node:
+        for _, sub in subgraphs(node):
+            yield from _graphs(sub)
+
+
+def exporter_quirks(model: onnx.ModelProto) -> bool:
+    """Whether ``model`` has a deviation from the spec that ``onnx.checker`` accepts and :func:`repair_quirks`
+    repairs (onnxruntime accepts the negative dims too; it refuses a graph with a node name twice)."""
+    for _, value in _value_types(model.graph, ""):
+        if any(d.HasField("dim_value") and d.dim_value < 0 for d in value.type.tensor_type.shape.dim):
+            return True
+    for graph in _graphs(model.graph):
+        names = [node.name for node in graph.node if node.name]
+        if len(names) != len(set(names)):
+            return True
+    return False
+
+
+def repair_quirks(model: onnx.ModelProto) -> list[str]:
+    """Read ``model`` (a copy the caller owns) leniently; what was repaired, one line each.
+
+    * A negative dim in a value type (Paddle2ONNX writes ``-1`` for a dynamic
+      one) becomes a dynamic dim.
+    * A node name given twice in a graph (spox names every anonymous node
+      ``F0::anon``) is made unique: the second becomes ``<name>_1``, and so on.
+    """
+    repaired: list[str] = []
+    for what, value in _value_types(model.graph, ""):
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+            if dim.HasField("dim_value") and dim.dim_value < 0:
+                repaired.append(f"{what} {value.name!r}: dims[{axis}] = {dim.dim_value} read as a dynamic dim")
+                dim.Clear()
+    taken = {node.name for graph in _graphs(model.graph) for node in graph.node}
+    for graph in _graphs(model.graph):
+        seen: set[str] = set()
+        for node in graph.node:
+            if not node.name:
+                continue
+            if node.name in seen:
+                index = 1
+                while f"{node.name}_{index}" in taken:
+                    index += 1
+                renamed = f"{node.name}_{index}"
+                repaired.append(f"a second node named {node.name!r} (op {node.op_type}) renamed {renamed!r}")
+                node.name = renamed
+                taken.add(renamed)
+            seen.add(node.name)
+    return repaired
+
+
 def _check_attribute(attr: AttributeProto, label: str) -> None:
     """Any node's attribute (whatever its domain) has a type, and its text is UTF-8."""
     if attr.type == AttributeProto.UNDEFINED or attr.type not in AttributeProto.AttributeType.values():
