@@ -32,7 +32,7 @@ LONGEST_FIRST = (
     "test_compile.py",  # 370
     "test_keras_applications.py",  # 350
     "test_tuning.py",  # 275 before the search's import was trimmed
-    "test_isa_matrix.py",  # 330 alone (20 artifacts and 2 tunings on an AVX2 host)
+    "test_isa_matrix.py",  # 14 artifacts and a tuning per class the host can run
     "test_remote.py",  # 130
     "test_int8_kernels.py",  # 110
     "test_transformers_corpus.py",  # 110
