@@ -62,13 +62,41 @@ def tensor_spec(name: str, ty: relax.Type) -> TensorSpec:
     if not isinstance(ty, relax.TensorType):
         raise TypeError(f"{name!r} is not a tensor: its type is {ty}")
     shape = ty.shape
+    names: tuple[int | str, ...] | None = None
     if isinstance(shape, relax.ShapeExpr):
         dims: tuple[int, ...] | None = tuple(_dimension(v) for v in shape.values)
+        names = tuple(int(v.value) if isinstance(v, tvm.tirx.IntImm) else str(v) for v in shape.values)
     elif ty.ndim >= 0:
         dims = (DYNAMIC_DIM,) * ty.ndim
     else:
         dims = None
-    return TensorSpec(name, dims, str(ty.dtype))
+    return TensorSpec(name, dims, str(ty.dtype), names)
+
+
+def input_specs(params: list[relax.Var]) -> list[TensorSpec]:
+    """The specs of a function's inputs; a dim's name is kept only where it names one variable (importers may
+    name several distinct dynamic dims alike, e.g. TVM's ``v``): inputs that share a name share the dim."""
+    owners: dict[str, set[tvm.tirx.Var]] = {}
+    for var in params:
+        shape = getattr(var.ty, "shape", None)
+        if isinstance(shape, relax.ShapeExpr):
+            for dim in shape.values:
+                for used in tvm.tirx.analysis.undefined_vars(dim):
+                    owners.setdefault(str(used.name), set()).add(used)
+    ambiguous = {name for name, used in owners.items() if len(used) > 1}
+    specs = []
+    for var in params:
+        spec = tensor_spec(var.name, var.ty)
+        if spec.dims is not None and any(isinstance(d, str) and _mentions(d, ambiguous) for d in spec.dims):
+            spec = TensorSpec(spec.name, spec.shape, spec.dtype, None)
+        specs.append(spec)
+    return specs
+
+
+def _mentions(text: str, names: set[str]) -> bool:
+    import re
+
+    return any(re.search(rf"\b{re.escape(name)}\b", text) for name in names)
 
 
 def flatten_types(ty: relax.Type) -> list[relax.Type]:

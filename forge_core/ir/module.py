@@ -240,9 +240,7 @@ class IRModule(SignatureSurface):
     @property
     def input_specs(self) -> list[TensorSpec]:
         """Name, shape and dtype of each model input (weights in ``params`` excluded)."""
-        return [
-            introspection.tensor_spec(var.name, var.ty) for var in self._main.params if var.name not in self._params
-        ]
+        return introspection.input_specs([var for var in self._main.params if var.name not in self._params])
 
     @property
     def output_specs(self) -> list[TensorSpec]:

@@ -25,7 +25,9 @@ Schema, version 1 (``schema_version``)::
                      architecture Forge does not check (absent from artifacts compiled before)
     inputs           [{"name", "shape", "dtype", "layout"}], -1 for a dynamic dim,
                      layout "NCHW"/"NHWC" when the input feeds a convolution or
-                     pooling directly, else null
+                     pooling directly, else null; with "dims" where a dim is dynamic:
+                     the model's name for each one ("batch", "h"), an int where static.
+                     Inputs that share a name take the same size
     outputs          [{"name", "shape", "dtype", "layout"}]
     precision        "float32", or "float16" with set_float16; "int8"/"uint8" (the
                      activation dtype) for a module quantized by quantize(); "quantized"
@@ -95,6 +97,7 @@ _TENSOR_SCHEMA: dict[str, Any] = {
         "shape": {"type": ["array", "null"], "items": {"type": "integer", "minimum": -1}},
         "dtype": {"type": "string"},
         "layout": {"type": ["string", "null"]},
+        "dims": {"type": "array", "items": {"type": ["integer", "string"]}},
     },
 }
 JSON_SCHEMA: dict[str, Any] = {

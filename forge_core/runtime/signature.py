@@ -11,8 +11,9 @@ metadata JSON). An input may take any non-negative size in that dimension.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -88,18 +89,27 @@ class TensorSpec:
     shape: tuple[int, ...] | None
     """Dimensions, ``-1`` where dynamic; ``None`` when even the rank is unknown."""
     dtype: str
+    dims: tuple[int | str, ...] | None = field(default=None, compare=False)
+    """The model's own dims where it names them: an ``int`` where static, the symbolic dim's name (``"batch"``,
+    ``"h"``) or expression where dynamic. Inputs that share a name must share its size. ``None`` when unknown."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "shape": None if self.shape is None else list(self.shape), "dtype": self.dtype}
+        data: dict[str, Any] = {"name": self.name, "shape": None if self.shape is None else list(self.shape),
+                                "dtype": self.dtype}
+        if self.dims is not None and any(isinstance(d, str) for d in self.dims):
+            data["dims"] = list(self.dims)
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TensorSpec:
-        shape = data.get("shape")
-        return cls(str(data["name"]), None if shape is None else tuple(int(d) for d in shape), str(data["dtype"]))
+        shape, dims = data.get("shape"), data.get("dims")
+        return cls(str(data["name"]), None if shape is None else tuple(int(d) for d in shape), str(data["dtype"]),
+                   None if dims is None else tuple(d if isinstance(d, str) else int(d) for d in dims))
 
     def describe(self) -> str:
-        """``"name: (1, 3, ?, ?) float32"``, with ``?`` for a dynamic dimension."""
-        return f"{self.name}: {format_shape(self.shape)} {self.dtype}"
+        """``"name: (1, 3, ?, ?) float32"``, with ``?`` for a dynamic dimension (its name where the model has one:
+        ``(batch, 3, h, w)``)."""
+        return f"{self.name}: {format_shape(self.shape, self.dims)} {self.dtype}"
 
 
 def shape_matches(expected: tuple[int, ...] | None, given: Sequence[int]) -> bool:
@@ -111,11 +121,59 @@ def shape_matches(expected: tuple[int, ...] | None, given: Sequence[int]) -> boo
     return all(e == DYNAMIC_DIM or e == g for e, g in zip(expected, given))
 
 
-def format_shape(shape: Sequence[int] | None) -> str:
-    """A shape as Python writes a tuple, ``?`` for a dynamic dimension, ``(any)`` for unknown rank."""
+def format_shape(shape: Sequence[int] | None, dims: Sequence[int | str] | None = None) -> str:
+    """A shape as Python writes a tuple, ``?`` for a dynamic dimension (or its name from ``dims``), ``(any)`` for
+    unknown rank."""
     if shape is None:
         return "(any)"
-    return "(" + ", ".join("?" if d == DYNAMIC_DIM else str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+    names = list(dims) if dims is not None and len(dims) == len(shape) else [None] * len(shape)
+    text = [str(n) if d == DYNAMIC_DIM and isinstance(n, str) else "?" if d == DYNAMIC_DIM else str(d)
+            for d, n in zip(shape, names)]
+    return "(" + ", ".join(text) + ("," if len(shape) == 1 else "") + ")"
+
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _check_shared_dims(specs: Sequence[TensorSpec], arrays: Sequence[np.ndarray]) -> None:
+    """Inputs that name the same dynamic dim give it the same size (``input_ids`` and ``attention_mask``)."""
+    seen: dict[str, tuple[str, int]] = {}
+    for index, (spec, value) in enumerate(zip(specs, arrays)):
+        if spec.dims is None or spec.shape is None or len(spec.dims) != value.ndim:
+            continue
+        for axis, (dim, size) in enumerate(zip(spec.dims, value.shape)):
+            if not isinstance(dim, str) or not _IDENTIFIER.fullmatch(dim):
+                continue
+            if dim not in seen:
+                seen[dim] = (spec.name, int(size))
+            elif seen[dim][1] != size:
+                other, other_size = seen[dim]
+                raise InputError(
+                    f"Input {spec.name!r} (#{index}): dim {axis} is the model's dynamic dim {dim!r}, which input "
+                    f"{other!r} gives as {other_size}; given {size}. Inputs {format_shape(spec.shape, spec.dims)} "
+                    f"share it: give them the same size."
+                )
+
+
+def run_error(specs: Sequence[TensorSpec], arrays: Sequence[np.ndarray], error: BaseException) -> InputError | None:
+    """An :class:`InputError` for a run that failed because the model's own dims disagree at the given sizes.
+
+    A dynamic model may require relations between its dims that its inputs' shapes do not show (a detector's
+    height a multiple of 32, so that its upsampled features add up). The compiled code checks them when it runs
+    (TVM's ``match_cast``); this turns that failure into an error naming the inputs' shapes. None for any other
+    failure.
+    """
+    text = str(error)
+    if "match_cast" not in text and "ErrorContext" not in text:
+        return None
+    detail = next((line.strip() for line in text.splitlines() if "Check failed" in line), text.strip().splitlines()[-1])
+    given = ", ".join(f"{spec.name}: {format_shape(value.shape)}" for spec, value in zip(specs, arrays))
+    allowed = ", ".join(f"{spec.name}: {format_shape(spec.shape, spec.dims)}" for spec in specs)
+    return InputError(
+        f"The model cannot run at these input sizes ({given}); it takes {allowed}, and at these sizes two of its "
+        f"dims that must be equal differ (the framework it came from refuses them too; a detector's height and "
+        f"width often must be multiples of its largest stride, e.g. 32). TVM: {detail}"
+    )
 
 
 def check_inputs(specs: Sequence[TensorSpec], arrays: Sequence[Any]) -> list[np.ndarray]:
@@ -145,12 +203,13 @@ def check_inputs(specs: Sequence[TensorSpec], arrays: Sequence[Any]) -> list[np.
             )
         if not shape_matches(spec.shape, value.shape):
             raise InputError(
-                f"Input {spec.name!r} (#{index}): expected shape {format_shape(spec.shape)}, "
+                f"Input {spec.name!r} (#{index}): expected shape {format_shape(spec.shape, spec.dims)}, "
                 f"given {format_shape(value.shape)}."
             )
         if not value.flags.c_contiguous:
             value = np.require(value, requirements="C")  # ascontiguousarray would make 0-d arrays 1-d
         checked.append(value)
+    _check_shared_dims(specs, checked)
     return checked
 
 

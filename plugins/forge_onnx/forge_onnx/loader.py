@@ -31,6 +31,7 @@ from forge_onnx.constant_folding import fold_if_constant, scalar_float_constant,
 from forge_onnx.converters import ConverterContext
 from forge_onnx.import_passes import build_ir_module
 from forge_onnx.model_file import describe_source, read_model
+from forge_onnx.operand_dims import match_operand_dims
 from forge_onnx.operator_support import check_operators, iter_nodes
 
 logger = logging.getLogger("forge.onnx")
@@ -66,6 +67,11 @@ def _is_shape_value(value: Any) -> bool:
     return isinstance(value, relax.Expr) and isinstance(getattr(value, "ty", None), relax.ShapeType)
 
 
+def _branch_key(graph: onnx.GraphProto) -> tuple[str, ...]:
+    """An If branch's identity: its outputs' names, unique in a model (SSA holds in subgraphs too)."""
+    return (graph.name, *(output.name for output in graph.output))
+
+
 class _ForgeImporter(ONNXGraphImporter):
     """TVM's importer, with the registered converters first, shape values turned into tensors for the
     operators that take tensors only, and every per-node failure named."""
@@ -75,6 +81,8 @@ class _ForgeImporter(ONNXGraphImporter):
         super().__init__(*args, **kwargs)
         self._forge_converters = converters
         self._domains = domains
+        self._branch_conditions: dict[tuple[str, ...], tuple[str, bool]] = {}
+        self._branch_stack: list[relax.Expr | None] = []
 
     def _parse_attr(self, attr_proto: Any) -> dict[str, Any]:
         """TVM's attribute parsing, plus sparse tensors and empty lists (which it rejects)."""
@@ -89,6 +97,7 @@ class _ForgeImporter(ONNXGraphImporter):
     def _construct_nodes(self, graph: Any) -> None:
         """TVM's node loop, one node at a time, each seeing shape values as tensors where it needs them."""
         for node in graph.node:
+            self._register_branches(node)
             replaced: dict[str, Any] = {}
             if node.op_type not in _SHAPE_OPERAND_OPS:
                 for name in node.input:
@@ -108,6 +117,45 @@ class _ForgeImporter(ONNXGraphImporter):
                 if name in self._nodes:
                     self._nodes[name] = self._with_named_dims(self._nodes[name], f"{node.name}_{index}")
             self._bind_named(node)
+
+    def _convert_subgraph(self, bb: relax.BlockBuilder, graph: Any) -> Any:
+        """An If branch, with :meth:`branch_taken` answering while its nodes convert.
+
+        TVM's importer converts a branch's nodes into the block that is open, outside the If: what a converter
+        emits runs whichever branch is taken. (Giving each branch its own block crashed TVM's VM.) A converter
+        that checks a value at run time must then check it only when its branch is taken.
+        """
+        taken = self._branch_conditions.get(_branch_key(graph))
+        if taken is not None:
+            cond_name, is_then = taken
+            cond = self._nodes.get(cond_name)
+            if cond is not None:
+                cond = cond if is_then else bb.emit(relax.op.logical_not(cond))
+            self._branch_stack.append(cond)
+        for node in graph.node:  # nested Ifs
+            self._register_branches(node)
+        try:
+            return super()._convert_subgraph(bb, graph)
+        finally:
+            if taken is not None:
+                self._branch_stack.pop()
+
+    def _register_branches(self, node: onnx.NodeProto) -> None:
+        if node.op_type != "If":
+            return
+        for attr in node.attribute:
+            if attr.name in ("then_branch", "else_branch"):
+                self._branch_conditions[_branch_key(attr.g)] = (node.input[0], attr.name == "then_branch")
+
+    def branch_taken(self) -> relax.Expr | None:
+        """A bool scalar tensor, true when the If branch being converted runs; None outside branches (or when
+        the condition is not known)."""
+        if not self._branch_stack or any(c is None for c in self._branch_stack):
+            return None if not self._branch_stack else relax.const(False, "bool")
+        taken = self._branch_stack[0]
+        for cond in self._branch_stack[1:]:
+            taken = self.bb.emit(relax.op.logical_and(taken, cond))
+        return taken
 
     def _bind_named(self, node: onnx.NodeProto) -> None:
         """Bind a single-output node's result under the ONNX node's name, so the graph API finds it by that name."""
@@ -135,10 +183,13 @@ class _ForgeImporter(ONNXGraphImporter):
         node = attrs.get("tvm_custom", {}).get("name") or f"<unnamed {op_name}>"
         if op_name not in _SHAPE_OPERAND_OPS and any(_is_shape_value(i) for i in inputs):
             # Inside an If branch, where TVM's loop (and so the one above) does not run.
-            inputs = [self.bb.emit(relax.op.shape_to_tensor(i)) if _is_shape_value(i) else i for i in inputs]
+            inputs = type(inputs)(self.bb.emit(relax.op.shape_to_tensor(i)) if _is_shape_value(i) else i
+                                  for i in inputs)
         domain = self._domains.get(node, "")
         converter = self._forge_converters.get(("" if domain == "ai.onnx" else domain, op_name))
         try:
+            if domain in ("", "ai.onnx"):
+                inputs = match_operand_dims(self.bb, op_name, inputs, attrs)
             if converter is not None:
                 plain = {k: v for k, v in attrs.items() if k != "tvm_custom"}
                 context = ConverterContext(opset, node, domain, self, attrs)
@@ -174,12 +225,35 @@ def _needs_edit(model: onnx.ModelProto, shape: Mapping[str, Sequence[Dim]] | Non
     untyped = any(vi.type.tensor_type.elem_type == onnx.TensorProto.UNDEFINED for vi in _graph_inputs(model))
     return (
         bool(shape)
+        or _anonymous_dims(model)
         or isinstance(dtype, Mapping)
         or untyped
         or any(not node.name for node in iter_nodes(model.graph))
         or validation.exporter_quirks(model)
         or graph_rewrites.needs_rewrite(model)
     )
+
+
+def _anonymous_dims(model: onnx.ModelProto) -> list[tuple[onnx.ValueInfoProto, int]]:
+    """Graph inputs' dims with neither a size nor a name (or a negative size, Paddle2ONNX's dynamic dim)."""
+    found = []
+    for vi in _graph_inputs(model):
+        for axis, dim in enumerate(vi.type.tensor_type.shape.dim):
+            if not dim.dim_param and (not dim.HasField("dim_value") or dim.dim_value < 0):
+                found.append((vi, axis))
+    return found
+
+
+def _name_dims(model: onnx.ModelProto) -> None:
+    """Name every anonymous dynamic dim of a graph input ``<input>_dim<axis>``: one dim each (TVM would name them
+    all ``v``, as though they were one), and a name its errors and the artifact's metadata can show."""
+    taken = {d.dim_param for vi in _graph_inputs(model) for d in vi.type.tensor_type.shape.dim if d.dim_param}
+    for vi, axis in _anonymous_dims(model):
+        name = re.sub(r"\W+", "_", f"{vi.name}_dim{axis}").strip("_") or f"dim{axis}"
+        while name in taken:
+            name += "_"
+        taken.add(name)
+        vi.type.tensor_type.shape.dim[axis].dim_param = name
 
 
 def _name_nodes(model: onnx.ModelProto) -> None:
@@ -346,6 +420,7 @@ def load_onnx(
             warnings.warn(f"from_onnx: {describe_source(model)} deviates from the ONNX spec where onnx.checker "
                           f"accepts it, and is read leniently: {shown}", ModelQuirkWarning, stacklevel=3)
         _name_nodes(proto)
+        _name_dims(proto)
         if unsorted:
             validation.sort_nodes(proto)
         if shape:

@@ -20,14 +20,45 @@ MAX_DEPTH = 64
 
 Values = list[tvm.ir.Expr]
 
+def _divide(a: tvm.ir.Expr, b: tvm.ir.Expr) -> tvm.ir.Expr:
+    """ONNX's Div: integers truncate (C's division), floats divide."""
+    return tirx.truncdiv(a, b) if _is_int(prim_dtype(a)) else tirx.Div(a, b)
+
+
 _BINARY = {
     "relax.add": lambda a, b: a + b,
     "relax.subtract": lambda a, b: a - b,
     "relax.multiply": lambda a, b: a * b,
     "relax.floor_divide": tirx.floordiv,
+    "relax.divide": _divide,
     "relax.maximum": tirx.max,
     "relax.minimum": tirx.min,
 }
+_UNARY = {"relax.floor": tirx.floor, "relax.ceil": tirx.ceil}
+_COMPARE = {
+    "relax.less": lambda a, b: a < b,
+    "relax.greater": lambda a, b: a > b,
+    "relax.less_equal": lambda a, b: a <= b,
+    "relax.greater_equal": lambda a, b: a >= b,
+    "relax.equal": lambda a, b: tirx.EQ(a, b),
+    "relax.not_equal": lambda a, b: tirx.NE(a, b),
+}
+
+
+def _tuple_ints(expr: relax.Expr) -> list[int] | None:
+    """The ints of a tuple of integer constants (strided_slice's axes, begin, end, strides)."""
+    fields = getattr(expr, "fields", None) if isinstance(expr, relax.Tuple) else getattr(expr, "values", None)
+    if fields is None:
+        return None
+    values = []
+    for field in fields:
+        if not isinstance(field, tirx.IntImm) and tvm.ir.is_prim_expr(getattr(field, "value", None)):
+            field = field.value  # a PrimValue
+        if not isinstance(field, tirx.IntImm):
+            return None
+        values.append(int(field.value))
+    return values
+_FLOATS = ("float16", "float32", "float64")
 _SAME_VALUES = {"relax.reshape", "relax.squeeze", "relax.expand_dims", "relax.astype"}
 
 
@@ -46,9 +77,18 @@ def _as_int64(value: tvm.ir.Expr) -> tvm.ir.Expr:
 
 def _constant_values(constant: relax.Expr) -> Values | None:
     array = constant.value.numpy()
-    if not _is_int(array.dtype) or array.size > MAX_ELEMENTS:
+    if array.size > MAX_ELEMENTS:
         return None
-    return [tirx.IntImm("int64", int(v)) for v in array.reshape(-1)]
+    if _is_int(array.dtype):
+        return [tirx.IntImm("int64", int(v)) for v in array.reshape(-1)]
+    if str(array.dtype) in _FLOATS:  # a scale in shape arithmetic: Cast(dim, float) * 0.5 -> Cast(int64)
+        return [tirx.FloatImm(str(array.dtype), float(v)) for v in array.reshape(-1)]
+    return None
+
+
+def _same_kind(values: Values) -> bool:
+    """All integers or all floats of one type: TIR's arithmetic does not mix them."""
+    return len({prim_dtype(v) for v in values}) == 1
 
 
 def _broadcast(a: Values, b: Values) -> tuple[Values, Values] | None:
@@ -63,27 +103,83 @@ def _broadcast(a: Values, b: Values) -> tuple[Values, Values] | None:
 
 def _call_values(bb: relax.BlockBuilder, call: relax.Call, depth: int) -> Values | None:
     name = call.op.name
+    if name == "relax.shape_of":
+        ty = call.args[0].ty
+        if isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr):
+            return [_as_int64(v) for v in ty.shape.values]
+        return None
     if name == "relax.shape_to_tensor":
         return symbolic_ints(bb, call.args[0], depth + 1)
-    if name in _SAME_VALUES:
-        if name == "relax.astype" and not _is_int(call.attrs.dtype):
+    if name == "relax.astype":
+        values = symbolic_ints(bb, call.args[0], depth + 1)
+        dtype = str(call.attrs.dtype)
+        if values is None or not (_is_int(dtype) or dtype in _FLOATS):
             return None
+        # ONNX's Cast from float to integer truncates toward zero, as TIR's cast does.
+        return [_as_int64(v) if _is_int(dtype) else tirx.Cast(dtype, v) for v in values]
+    if name in _SAME_VALUES:
         return symbolic_ints(bb, call.args[0], depth + 1)
+    if name in _UNARY:
+        values = symbolic_ints(bb, call.args[0], depth + 1)
+        return None if values is None or any(_is_int(prim_dtype(v)) for v in values) else [
+            _UNARY[name](v) for v in values]
+    if name == "relax.isfinite":  # TVM's Cast from float to int guards against inf and nan
+        values = symbolic_ints(bb, call.args[0], depth + 1)
+        return None if values is None else [tirx.isfinite(v) for v in values]
+    if name == "relax.logical_not":
+        values = symbolic_ints(bb, call.args[0], depth + 1)
+        return None if values is None else [tirx.Not(v) for v in values]
+    if name in ("relax.prod", "relax.sum") and call.args[0].ty.ndim == 1:
+        values = symbolic_ints(bb, call.args[0], depth + 1)
+        if values is None or not values:
+            return None
+        total = values[0]
+        for v in values[1:]:
+            total = total * v if name == "relax.prod" else total + v
+        return [total]
     if name == "relax.negative":
         values = symbolic_ints(bb, call.args[0], depth + 1)
         return None if values is None else [-v for v in values]
     if name in _BINARY:
         left, right = (symbolic_ints(bb, a, depth + 1) for a in call.args)
         pair = None if left is None or right is None else _broadcast(left, right)
-        return None if pair is None else [_BINARY[name](a, b) for a, b in zip(*pair)]
+        if pair is None or not _same_kind(pair[0] + pair[1]):
+            return None
+        return [_BINARY[name](a, b) for a, b in zip(*pair)]
+    if name in _COMPARE:
+        left, right = (symbolic_ints(bb, a, depth + 1) for a in call.args)
+        pair = None if left is None or right is None else _broadcast(left, right)
+        if pair is None or not _same_kind(pair[0] + pair[1]):
+            return None
+        return [_COMPARE[name](a, b) for a, b in zip(*pair)]
+    if name == "relax.where":
+        parts = [symbolic_ints(bb, a, depth + 1) for a in call.args]
+        if any(p is None for p in parts):
+            return None
+        size = max(len(p) for p in parts)
+        if any(len(p) not in (1, size) for p in parts) or not _same_kind(parts[1] + parts[2]):
+            return None
+        cond, yes, no = (p * size if len(p) == 1 else p for p in parts)
+        return [tirx.Select(c, a, b) for c, a, b in zip(cond, yes, no)]
     if name == "relax.take":
-        data, indices = symbolic_ints(bb, call.args[0], depth + 1), call.args[1]
-        if data is None or not isinstance(indices, tvm.ir.GenericConst) or call.args[0].ty.ndim != 1:
+        # TVM's Gather wraps the indices in where(i < 0, i + n, i): they fold to constants here.
+        data, indices = symbolic_ints(bb, call.args[0], depth + 1), symbolic_ints(bb, call.args[1], depth + 1)
+        if data is None or indices is None or call.args[0].ty.ndim != 1:
             return None
-        positions = _constant_values(indices)
-        if positions is None or any(not -len(data) <= int(p) < len(data) for p in positions):
+        positions = [sym.Analyzer().simplify(p) for p in indices]
+        if any(not isinstance(p, tirx.IntImm) or not -len(data) <= int(p.value) < len(data) for p in positions):
             return None
-        return [data[int(p)] for p in positions]
+        return [data[int(p.value)] for p in positions]
+    if name == "relax.strided_slice" and call.args[0].ty.ndim == 1:
+        data = symbolic_ints(bb, call.args[0], depth + 1)
+        bounds = [_tuple_ints(a) for a in call.args[1:5]] if len(call.args) >= 4 else None
+        if data is None or bounds is None or any(b is None for b in bounds[:3]):
+            return None
+        axes, begin, end = bounds[:3]
+        step = bounds[3] if len(bounds) > 3 and bounds[3] is not None else [1]
+        if axes != [0] or len(begin) != 1 or len(end) != 1 or len(step) != 1 or step[0] == 0:
+            return None
+        return data[slice(begin[0], end[0], step[0])]
     if name == "relax.concat" and isinstance(call.args[0], relax.Tuple):
         parts = [symbolic_ints(bb, f, depth + 1) for f in call.args[0].fields]
         return None if any(p is None for p in parts) else [v for p in parts for v in p]
@@ -91,7 +187,18 @@ def _call_values(bb: relax.BlockBuilder, call: relax.Call, depth: int) -> Values
 
 
 def symbolic_ints(bb: relax.BlockBuilder, expr: relax.Expr, depth: int = 0) -> Values | None:
-    """The flat int64 values of a small integer tensor, shape or scalar, as expressions; None when unknown."""
+    """The flat int64 values of a small integer tensor, shape or scalar, as expressions; None when unknown.
+
+    On the way, float values take part where shape arithmetic scales a dim (``Cast(w, float) * 0.5``, then
+    ``Cast`` back, which truncates as ONNX's does); a result that is not integer is None.
+    """
+    values = _symbolic_values(bb, expr, depth)
+    if values is None or (depth == 0 and not all(_is_int(prim_dtype(v)) for v in values)):
+        return None
+    return values
+
+
+def _symbolic_values(bb: relax.BlockBuilder, expr: relax.Expr, depth: int = 0) -> Values | None:
     if depth > MAX_DEPTH or expr is None:
         return None
     if isinstance(expr, relax.ShapeExpr):
@@ -101,7 +208,7 @@ def symbolic_ints(bb: relax.BlockBuilder, expr: relax.Expr, depth: int = 0) -> V
     if isinstance(expr, tvm.ir.GenericConst):
         return _constant_values(expr)
     ty = getattr(expr, "ty", None)
-    if isinstance(ty, relax.TensorType) and not _is_int(ty.dtype):
+    if isinstance(ty, relax.TensorType) and not (_is_int(ty.dtype) or str(ty.dtype) in (*_FLOATS, "bool")):
         return None
     if isinstance(expr, relax.Var):
         bound = bb.lookup_binding(expr)

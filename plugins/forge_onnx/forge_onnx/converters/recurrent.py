@@ -63,6 +63,10 @@ class _Node:
     dtype: str
     """The node's own type (float16 outputs are cast back)."""
     layout: int
+    seq: Any
+    """The sequence length: an int, or X's symbolic dim."""
+    batch: Any
+    """The batch: an int, or X's symbolic dim."""
 
 
 def _read(bb: relax.BlockBuilder, kind: str, inputs: list[Any], attrs: dict[str, Any]) -> _Node:
@@ -85,9 +89,11 @@ def _read(bb: relax.BlockBuilder, kind: str, inputs: list[Any], attrs: dict[str,
         return _apply(bb, [value], lambda a: a.astype(compute), lambda e: relax.op.astype(e, compute))
 
     x = operand(x, batch_first=True)
-    shape = static_shape(x)
-    if shape is None:
-        raise ValueError("recurrent operators need a static input shape")
+    shape = _dims(x)
+    if shape is None or len(shape) != 3:
+        raise ValueError(f"X must have rank 3 with known dims (dynamic ones named), given {x.ty}")
+    if not isinstance(shape[2], int):
+        raise ValueError(f"X's input size (its last dim) must be static, given {shape[2]}: W's shape depends on it")
     seq, batch, _ = shape
     r_shape = static_shape(r)
     if r_shape is None:
@@ -109,7 +115,8 @@ def _read(bb: relax.BlockBuilder, kind: str, inputs: list[Any], attrs: dict[str,
     peepholes = operand(_given(inputs, 7)) if kind == "lstm" else None
     clip = attrs.get("clip")
     cell = RecurrentCell(
-        kind=kind, seq=seq, batch=batch, hidden=hidden, reverse=reverse,
+        kind=kind, seq=seq if isinstance(seq, int) else None, batch=batch if isinstance(batch, int) else None,
+        hidden=hidden, reverse=reverse,
         activations=tuple(tuple(functions[d * per:(d + 1) * per]) for d in range(len(reverse))),
         clip=None if clip is None else float(clip),
         linear_before_reset=kind == "gru" and bool(attrs.get("linear_before_reset", 0)),
@@ -118,24 +125,48 @@ def _read(bb: relax.BlockBuilder, kind: str, inputs: list[Any], attrs: dict[str,
         initial_h=initial_h is not None, initial_c=initial_c is not None, dtype=compute,
     )
     node = _Node(kind, x, operand(w), operand(r), operand(_given(inputs, 3)), lengths, initial_h, initial_c,
-                 peepholes, cell, dtype, layout)
+                 peepholes, cell, dtype, layout, seq, batch)
     _check_shapes(node, shape[2])
     return node
 
 
+def _dims(value: relax.Expr) -> list[Any] | None:
+    """A tensor's dims: ints where static, Relax's expressions where dynamic; None when only its rank is known."""
+    ty = value.ty
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    return [int(v.value) if isinstance(v, tvm.tirx.IntImm) else v for v in ty.shape.values]
+
+
+def _same_dims(given: list[Any] | None, want: list[Any]) -> bool:
+    if given is None or len(given) != len(want):
+        return False
+    for a, b in zip(given, want):
+        if isinstance(a, int) and isinstance(b, int):
+            if a != b:
+                return False
+        elif not isinstance(a, int) and not isinstance(b, int) and not tvm.sym.Analyzer().can_prove_equal(a, b):
+            return False  # two dynamic dims Relax cannot relate; a static one against a dynamic is checked at run time
+    return True
+
+
 def _check_shapes(node: _Node, inputs: int) -> None:
-    """Every operand's shape as ONNX defines it from ``hidden_size``, the directions and X: else ValueError."""
+    """Every operand's shape as ONNX defines it from ``hidden_size``, the directions and X: else ValueError.
+
+    A dynamic batch is compared where Relax can relate the dims; the kernel checks the rest when it runs.
+    """
     cell = node.cell
-    dirs, gates, hidden = cell.directions, cell.gates, cell.hidden
+    dirs, gates, hidden, batch = cell.directions, cell.gates, cell.hidden, node.batch
     expected = {"W": (node.w, [dirs, gates * hidden, inputs]), "R": (node.r, [dirs, gates * hidden, hidden]),
-                "B": (node.bias, [dirs, 2 * gates * hidden]), "sequence_lens": (node.lengths, [cell.batch]),
-                "initial_h": (node.initial_h, [dirs, cell.batch, hidden]),
-                "initial_c": (node.initial_c, [dirs, cell.batch, hidden]), "P": (node.peepholes, [dirs, 3 * hidden])}
+                "B": (node.bias, [dirs, 2 * gates * hidden]), "sequence_lens": (node.lengths, [batch]),
+                "initial_h": (node.initial_h, [dirs, batch, hidden]),
+                "initial_c": (node.initial_c, [dirs, batch, hidden]), "P": (node.peepholes, [dirs, 3 * hidden])}
     for name, (value, want) in expected.items():
-        if value is not None and static_shape(value) != want:
-            given = static_shape(value)
-            raise ValueError(f"{node.kind.upper()} input {name} has shape {given if given is not None else 'dynamic'}"
-                             f", expected {want} (layout 0) for hidden_size {hidden} and {dirs} direction(s)")
+        if value is not None and not _same_dims(_dims(value), want):
+            given = _dims(value)
+            raise ValueError(f"{node.kind.upper()} input {name} has shape "
+                             f"{list(given) if given is not None else 'unknown'}, expected {list(want)} (layout 0) "
+                             f"for hidden_size {hidden} and {dirs} direction(s)")
 
 
 def _constant(value: relax.Expr) -> np.ndarray | None:
@@ -228,13 +259,13 @@ def _biases(bb: relax.BlockBuilder, node: _Node) -> tuple[relax.Expr, relax.Expr
 def _projection(bb: relax.BlockBuilder, node: _Node, bias: relax.Expr) -> relax.Expr:
     """``X W^T + bias`` for every step, direction and gate at once: ``[seq, batch, dirs, tiles, gates, LANES]``."""
     cell = node.cell
-    inputs = static_shape(node.x)[2]
+    inputs = _dims(node.x)[2]
     columns = cell.directions * cell.tiles * cell.gates * LANES
     w_t = _permuted(bb, _reshaped(bb, _tiled(bb, node.w, cell, cell.gates), [columns, inputs]), [1, 0])
-    rows = bb.emit(relax.op.reshape(node.x, [cell.seq * cell.batch, inputs]))
+    rows = bb.emit(relax.op.reshape(node.x, [node.seq * node.batch, inputs]))
     xw = bb.emit(relax.op.matmul(rows, w_t))
     xw = bb.emit(relax.op.add(xw, _reshaped(bb, _tiled(bb, bias, cell, cell.gates), [columns])))
-    return bb.emit(relax.op.reshape(xw, [cell.seq, cell.batch, cell.directions, cell.tiles, cell.gates, LANES]))
+    return bb.emit(relax.op.reshape(xw, [node.seq, node.batch, cell.directions, cell.tiles, cell.gates, LANES]))
 
 
 def _convert(bb: relax.BlockBuilder, kind: str, inputs: list[Any], attrs: dict[str, Any]) -> relax.Expr:
@@ -249,7 +280,7 @@ def _convert(bb: relax.BlockBuilder, kind: str, inputs: list[Any], attrs: dict[s
         args.append(_permuted(bb, _tiled(bb, node.peepholes, cell, 3), [0, 2, 1, 3]))
     args += [a for a in (node.lengths, node.initial_h, node.initial_c) if a is not None]
     kernel = bb.add_func(build_kernel(cell), f"{kind}_sequence")
-    out_types = [relax.TensorType(shape, cell.dtype) for shape in cell.output_shapes]
+    out_types = [relax.TensorType(shape, cell.dtype) for shape in cell.output_shapes_for(node.seq, node.batch)]
     results = bb.emit(relax.call_tir(kernel, relax.Tuple(args), out_types))
     outputs = []
     for index in range(len(out_types)):

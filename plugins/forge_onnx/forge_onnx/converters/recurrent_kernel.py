@@ -59,8 +59,10 @@ class RecurrentCell:
 
     kind: str
     """``"rnn"``, ``"gru"`` or ``"lstm"``."""
-    seq: int
-    batch: int
+    seq: int | None
+    """Time steps; None when dynamic (the kernel takes them from its input's shape)."""
+    batch: int | None
+    """Batch rows; None when dynamic."""
     hidden: int
     reverse: tuple[bool, ...]
     """Per direction, whether it runs from the last step to the first: ``(False, True)`` is bidirectional."""
@@ -83,6 +85,8 @@ class RecurrentCell:
             raise ValueError(f"recurrent kernels compute in float32 or float64, not {self.dtype}")
         if len(self.activations) != self.directions:
             raise ValueError("one tuple of activations per direction")
+        if not self.static:
+            return  # the kernel checks its sizes when it runs
         largest = max(max(math.prod(s) for s in self.input_shapes), math.prod(self.output_shapes[0]))
         if largest >= 1 << 31:
             raise ValueError(f"recurrent tensors of {largest} elements exceed the kernel's 32-bit indexing")
@@ -107,9 +111,14 @@ class RecurrentCell:
         return self.tiles * LANES
 
     @property
+    def static(self) -> bool:
+        """Whether the sequence length and the batch are known when the kernel is built."""
+        return self.seq is not None and self.batch is not None
+
+    @property
     def work(self) -> int:
-        """Multiply-adds of one step's recurrent products."""
-        return self.directions * self.batch * self.gates * self.padded * self.hidden
+        """Multiply-adds of one step's recurrent products (for one batch row when the batch is dynamic)."""
+        return self.directions * (self.batch or 1) * self.gates * self.padded * self.hidden
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -122,24 +131,32 @@ class RecurrentCell:
         return cls(**fields)
 
     @property
-    def input_shapes(self) -> list[tuple[int, ...]]:
-        """Shapes of the kernel's inputs in order (all float32 but ``lengths``, int32)."""
+    def input_shapes(self) -> list[tuple[Any, ...]]:
+        """Shapes of the kernel's inputs in order (all float32 but ``lengths``, int32); None for a dynamic dim."""
+        return self.input_shapes_for(self.seq, self.batch)
+
+    @property
+    def output_shapes(self) -> list[tuple[Any, ...]]:
+        return self.output_shapes_for(self.seq, self.batch)
+
+    def input_shapes_for(self, seq: Any, batch: Any) -> list[tuple[Any, ...]]:
+        """:attr:`input_shapes` with the sequence length and batch given (expressions where dynamic)."""
         d, t, v, g = self.directions, self.tiles, LANES, self.gates
-        shapes = [(self.seq, self.batch, d, t, g, v), (d, t, self.hidden, g, v)]
+        shapes = [(seq, batch, d, t, g, v), (d, t, self.hidden, g, v)]
         if self.kind == "gru" and self.linear_before_reset:
             shapes.append((d, t, v))
         if self.peepholes:
             shapes.append((d, 3, t, v))
         if self.lengths:
-            shapes.append((self.batch,))
-        shapes += [(d, self.batch, self.hidden)] * (int(self.initial_h) + int(self.initial_c))
+            shapes.append((batch,))
+        shapes += [(d, batch, self.hidden)] * (int(self.initial_h) + int(self.initial_c))
         return shapes
 
-    @property
-    def output_shapes(self) -> list[tuple[int, ...]]:
+    def output_shapes_for(self, seq: Any, batch: Any) -> list[tuple[Any, ...]]:
+        """:attr:`output_shapes` with the sequence length and batch given (expressions where dynamic)."""
         d = self.directions
-        state = (d, self.batch, self.hidden)
-        return [(self.seq, d, self.batch, self.hidden), state] + ([state] if self.kind == "lstm" else [])
+        state = (d, batch, self.hidden)
+        return [(seq, d, batch, self.hidden), state] + ([state] if self.kind == "lstm" else [])
 
 
 @dataclass(frozen=True)
@@ -162,16 +179,19 @@ class KernelOptions:
 class _Builder:
     """Emits the kernel's statements into the IRBuilder frame that is open."""
 
-    def __init__(self, cell: RecurrentCell, options: KernelOptions, args: dict[str, Any]) -> None:
+    def __init__(self, cell: RecurrentCell, options: KernelOptions, args: dict[str, Any], seq: Any,
+                 batch: Any) -> None:
         self.cell = cell
         self.options = options
         self.a = args
+        self.seq, self.batch = seq, batch
+        """The sequence length and batch: ints, or the variables of the input's shape when dynamic."""
         c = cell
-        self.h = T.alloc_buffer((2, c.directions, c.batch, c.padded), c.dtype)
-        self.c = T.alloc_buffer((c.directions, c.batch, c.padded), c.dtype) if c.kind == "lstm" else None
+        self.h = T.alloc_buffer((2, c.directions, batch, c.padded), c.dtype)
+        self.c = T.alloc_buffer((c.directions, batch, c.padded), c.dtype) if c.kind == "lstm" else None
         two_phase = c.kind == "gru" and not c.linear_before_reset
-        self.reset = T.alloc_buffer((c.directions, c.batch, c.padded), c.dtype) if two_phase else None
-        self.update = T.alloc_buffer((c.directions, c.batch, c.padded), c.dtype) if two_phase else None
+        self.reset = T.alloc_buffer((c.directions, batch, c.padded), c.dtype) if two_phase else None
+        self.update = T.alloc_buffer((c.directions, batch, c.padded), c.dtype) if two_phase else None
 
     # --- the whole function -------------------------------------------------------------------------------------
 
@@ -185,6 +205,8 @@ class _Builder:
 
     def _body(self) -> None:
         c = self.cell
+        if not c.static:
+            self._check_size()
         if c.lengths:
             self._check_lengths()
         self._initial_states()
@@ -200,21 +222,32 @@ class _Builder:
         with (T.serial(LANES) if self.options.gpu else T.vectorized(LANES)) as lane:
             store(lane)
 
+    def _check_size(self) -> None:
+        """A dynamic kernel indexes in 32 bits, as a static one does: sizes beyond that raise (no GPU check)."""
+        if self.options.gpu:
+            return
+        c = self.cell
+        widest = max(c.directions * c.tiles * c.gates * LANES, c.directions * c.hidden)
+        elements = tirx.Cast("int64", self.seq) * tirx.Cast("int64", self.batch) * tirx.const(widest, "int64")
+        with T.Assert(elements < tirx.const(1 << 31, "int64"),
+                      "the recurrent tensors at this sequence length and batch exceed 32-bit indexing"):
+            T.evaluate(0)
+
     def _check_lengths(self) -> None:
         """A length outside [0, seq] raises (on a GPU, where a kernel cannot raise, it is clamped instead)."""
         if self.options.gpu:
             return
-        with T.serial(self.cell.batch) as b:
+        with T.serial(self.batch) as b:
             length = self.a["lengths"][b]
-            with T.Assert(tirx.all(length >= 0, length <= self.cell.seq),
+            with T.Assert(tirx.all(length >= 0, length <= self.seq),
                           "sequence_lens must lie between 0 and the sequence length"):
                 T.evaluate(0)
 
     def _length(self, b: Any) -> Any:
         if not self.cell.lengths:
-            return tirx.const(self.cell.seq, "int32")
+            return tirx.const(self.seq, "int32") if isinstance(self.seq, int) else self.seq
         length = self.a["lengths"][b]
-        return tirx.max(tirx.min(length, self.cell.seq), 0) if self.options.gpu else length
+        return tirx.max(tirx.min(length, self.seq), 0) if self.options.gpu else length
 
     def _initial_states(self) -> None:
         c = self.cell
@@ -223,7 +256,7 @@ class _Builder:
             states.append((self.c, "c0", lambda d, b, j: [d, b, j]))
         for buffer, name, index in states:
             given = self.a.get(name)
-            with T.serial(c.directions) as d, T.serial(c.batch) as b:
+            with T.serial(c.directions) as d, T.serial(self.batch) as b:
                 with T.serial(c.padded) as j:
                     T.buffer_store(buffer, self.cell.const(0.0), index(d, b, j))
                 if given is not None:
@@ -233,8 +266,8 @@ class _Builder:
     def _final_states(self) -> None:
         """``y_h`` (and ``y_c``): the states after each row's last step; zeros for a row of length 0 (onnxruntime's)."""
         c = self.cell
-        last = c.seq % 2
-        with T.serial(c.directions) as d, T.serial(c.batch) as b, T.serial(c.hidden) as j:
+        last = self.seq % 2 if isinstance(self.seq, int) else tirx.floormod(self.seq, 2)
+        with T.serial(c.directions) as d, T.serial(self.batch) as b, T.serial(c.hidden) as j:
             def final(value: Any) -> Any:
                 if not c.lengths:
                     return value
@@ -274,7 +307,7 @@ class _Builder:
 
     def _steps(self) -> None:
         c = self.cell
-        with T.serial(c.seq) as s:
+        with T.serial(self.seq) as s:
             if self.reset is not None:
                 self._blocks(2, lambda d, us: self._rows(s, d, us, self._gru_gates_zr, last_phase=False))
                 self._blocks(1, lambda d, us: self._rows(s, d, us, self._gru_candidate))
@@ -288,7 +321,7 @@ class _Builder:
         With ``sequence_lens``, a row past its length keeps its state and outputs zeros (in the step's last phase).
         """
         c = self.cell
-        with T.serial(c.batch) as b:
+        with T.serial(self.batch) as b:
             length = self._length(b)
             t = self._time(s, d, length)
             if not c.lengths:
@@ -504,17 +537,20 @@ def build_kernel(cell: RecurrentCell, options: KernelOptions | None = None) -> t
         names.append("lengths")
     names += (["h0"] if cell.initial_h else []) + (["c0"] if cell.initial_c else [])
     outputs = ["y", "y_h"] + (["y_c"] if cell.kind == "lstm" else [])
+    # A dynamic sequence length or batch is a variable of the buffers' shapes, bound from the arguments.
+    seq = cell.seq if cell.seq is not None else tirx.Var("seq", "int32")
+    batch = cell.batch if cell.batch is not None else tirx.Var("batch", "int32")
     with IRBuilder() as ib:
         with T.prim_func(s_tir=True):
             args = {}
-            for arg, shape in zip(names, cell.input_shapes):
+            for arg, shape in zip(names, cell.input_shapes_for(seq, batch)):
                 args[arg] = T.arg(arg, T.Buffer(shape, "int32" if arg == "lengths" else cell.dtype))
-            for arg, shape in zip(outputs, cell.output_shapes):
+            for arg, shape in zip(outputs, cell.output_shapes_for(seq, batch)):
                 args[arg] = T.arg(arg, T.Buffer(shape, cell.dtype))
             # Scheduled as written: schedule rules and tuning leave it alone; the compile log names it.
             T.func_attr({"tirx.noalias": True, CELL_ATTR: cell.to_json(),
                          OPTIONS_ATTR: json.dumps(dataclasses.asdict(options)), SCHEDULED_ATTR: True,
                          RULE_ATTR: RULE_NAME})
             with T.sblock("root"):
-                _Builder(cell, options, args).emit()
+                _Builder(cell, options, args, seq, batch).emit()
     return ib.get()

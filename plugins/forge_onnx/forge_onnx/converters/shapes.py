@@ -22,7 +22,7 @@ from tvm import relax, tirx
 
 from forge_onnx.constant_folding import MAX_FOLDED_ELEMENTS
 from forge_onnx.converters import ConverterContext
-from forge_onnx.symbolic_values import symbolic_ints
+from forge_onnx.symbolic_values import dims_analyzer, symbolic_ints
 
 
 def static_shape(expr: relax.Expr) -> list[int] | None:
@@ -155,6 +155,96 @@ def expand(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], con
     return relax.op.broadcast_to(data, relax.ShapeExpr([tirx.max(a, b) for a, b in zip(data_dims, target)]))
 
 
+def reshape(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], context: ConverterContext) -> relax.Expr:
+    """Reshape, whose target shape may be computed from dynamic dims (Paddle2ONNX's ``Shape -> Slice -> Concat``).
+
+    A shape known at import (a constant or a shape expression) goes to TVM's converter. A shape computed
+    from the input's dims (through Cast, Gather, Concat, arithmetic, ReduceProd...) becomes the expression
+    of those dims, with ONNX's ``0`` (copy the input's dim, unless ``allowzero``) and ``-1`` (the rest)
+    resolved. A shape read from data at run time cannot be: its ``0`` and ``-1`` would need the values.
+    """
+    data, shape_operand = inputs[0], inputs[1]
+    if isinstance(shape_operand, (relax.ShapeExpr, tvm.ir.GenericConst)) or isinstance(data, relax.ShapeExpr):
+        return context.tvm_convert("Reshape", inputs)
+    values = symbolic_ints(bb, shape_operand)
+    if values is None:
+        raise ValueError(
+            f"Reshape {context.node!r}: its target shape is computed from values known only at run time "
+            f"(given {shape_operand.ty}), which Forge cannot follow back to the input's dims; give the model's "
+            f"inputs static shapes (from_onnx(shape={{...}})) so that the shape is a constant")
+    dims = static_or_symbolic_dims(data)
+    allowzero = bool(attrs.get("allowzero", 0))
+    resolved = []
+    for axis, value in enumerate(values):
+        if isinstance(value, tirx.IntImm) and int(value.value) == 0 and not allowzero:
+            if dims is None or axis >= len(dims):
+                raise ValueError(f"Reshape {context.node!r}: shape[{axis}] = 0 copies the input's dim {axis}, "
+                                 f"which the input ({data.ty}) does not have")
+            value = dims[axis]
+        resolved.append(value)
+    unknown = [axis for axis, v in enumerate(resolved) if isinstance(v, tirx.IntImm) and int(v.value) == -1]
+    if len(unknown) > 1:
+        raise ValueError(f"Reshape {context.node!r}: the shape has -1 at {len(unknown)} places, at most one allowed")
+    if unknown:
+        if dims is None:
+            raise ValueError(f"Reshape {context.node!r}: a -1 in the shape needs the input's dims, given {data.ty}")
+        total = tirx.IntImm("int64", 1)
+        for dim in dims:
+            total = total * dim
+        known = tirx.IntImm("int64", 1)
+        for axis, v in enumerate(resolved):
+            if axis != unknown[0]:
+                known = known * v
+        resolved[unknown[0]] = tirx.floordiv(total, known)
+    return relax.op.reshape(data, relax.ShapeExpr(resolved))
+
+
+def squeeze(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], context: ConverterContext) -> relax.Expr:
+    """Squeeze, where an axis to squeeze may have a dynamic extent (a conv's output length from a dynamic input).
+
+    ONNX requires each squeezed axis to be 1, and onnxruntime checks it when it runs. An extent that Relax
+    cannot prove to be 1 at import is match-cast to 1, which checks the same when the model runs; TVM's
+    converter then squeezes.
+    """
+    data = inputs[0]
+    dims = static_or_symbolic_dims(data) if isinstance(data, relax.Expr) else None
+    axes_operand = inputs[1] if len(inputs) > 1 and inputs[1] is not None else None
+    if axes_operand is not None:
+        axes = _constant_dims(axes_operand) if isinstance(axes_operand, (relax.ShapeExpr, tvm.ir.GenericConst)) \
+            else None
+    else:
+        axes = list(attrs["axes"]) if attrs.get("axes") else None
+    if dims is None or axes is None:
+        return context.tvm_convert("Squeeze", inputs)
+    analyzer = dims_analyzer(*dims)
+    one = tirx.IntImm("int64", 1)
+    wanted, changed = list(dims), False
+    for axis in axes:
+        axis = int(axis) + len(dims) if int(axis) < 0 else int(axis)
+        if 0 <= axis < len(dims) and not isinstance(dims[axis], tirx.IntImm) \
+                and not analyzer.can_prove_equal(dims[axis], one):
+            wanted[axis], changed = one, True
+    if not changed:
+        return context.tvm_convert("Squeeze", inputs)
+    branch = getattr(context.importer, "branch_taken", lambda: None)()
+    if branch is None and not getattr(context.importer, "_branch_stack", None):
+        bound = data if isinstance(data, relax.Var) else bb.emit(data)
+        data = bb.match_cast(bound, relax.TensorType(wanted, data.ty.dtype))
+        return context.tvm_convert("Squeeze", [data, *inputs[1:]])
+    # In an If branch, whose bindings TVM's importer runs whichever branch is taken: check the extents only
+    # when this branch runs; the axes are then dropped by a max over them, exactly the element when the extent
+    # is 1, and of any extent (0 included) in the branch not taken, whose values nothing reads.
+    squeezed = [axis for axis, (d, w) in enumerate(zip(dims, wanted)) if w is one and d is not one]
+    extents = bb.emit(relax.op.shape_to_tensor(relax.ShapeExpr([dims[a] for a in squeezed])))
+    others = relax.op.sum(relax.op.astype(relax.op.not_equal(extents, relax.const(1, "int64")), "int64"))
+    all_one = bb.emit(relax.op.equal(others, relax.const(0, "int64")))
+    fine = all_one if branch is None else bb.emit(relax.op.logical_or(relax.op.logical_not(branch), all_one))
+    bb.emit(relax.op.assert_op(fine, [extents], f"Squeeze {context.node!r}: the axes {squeezed} to squeeze must "
+                                                 f"have extent 1 (ONNX requires it), given {{}}"))
+    dropped = bb.emit(relax.op.max(data, axis=squeezed, keepdims=True))
+    return context.tvm_convert("Squeeze", [dropped, *inputs[1:]])
+
+
 def static_or_symbolic_dims(expr: relax.Expr) -> list[Any] | None:
     """The dims of a tensor whose shape is a shape expression (static or symbolic), else None."""
     ty = expr.ty
@@ -203,6 +293,7 @@ def constant(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
 
 
 CONVERTERS = {"Shape": shape, "Size": size, "Constant": constant, "ConstantOfShape": constant_of_shape,
+              "Reshape": reshape, "Squeeze": squeeze,
               "Expand": expand}
 
 

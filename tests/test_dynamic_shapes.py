@@ -1,0 +1,279 @@
+"""Models as they ship, with their dynamic dims left dynamic: import, the inference function and one artifact for
+every size, against onnxruntime at three sizes each, and each case's error at a size the model cannot take.
+
+The models are built the way real ones are, and exported by torch's TorchScript exporter with ``dynamic_axes``
+(or written with onnx.helper the way Paddle2ONNX and spox write theirs):
+
+* a detector with dynamic batch, height and width (FPN: upsampled deeper levels added to lateral ones, all levels
+  concatenated), whose height and width must be multiples of its stride, as in PaddleOCR's DBNet;
+* a recognizer with dynamic batch and width (CRNN: convolutions, ``reshape(b, c * h, w)``, a bidirectional LSTM);
+* a voice-activity model with a dynamic number of frames (conv1d and an LSTM);
+* MobileNetV2 with a dynamic batch;
+* Paddle2ONNX's shape arithmetic (``Shape -> Slice/Gather -> Cast -> Div/Mul -> Concat -> Reshape``) with its
+  ``-1`` dims in value types;
+* an ``If`` on an input value whose branches squeeze a conv's dynamic length (Silero's sample-rate switch).
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto
+from onnx import helper as oh
+from onnx import numpy_helper
+
+ort = pytest.importorskip("onnxruntime", reason="onnxruntime is in the test extra")
+torch = pytest.importorskip("torch", reason="the torch extra is installed by ./scripts/setup")
+
+import forge  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import models as benchmark_models  # noqa: E402
+
+nn = torch.nn
+
+
+def export(model: nn.Module, example: torch.Tensor, axes: dict[int, str], opset: int = 17) -> bytes:
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
+        torch.onnx.export(model, (example,), buffer, input_names=["x"], output_names=["y"], opset_version=opset,
+                          dynamo=False, dynamic_axes={"x": axes, "y": {0: axes[0]}} if 0 in axes else {"x": axes})
+    return buffer.getvalue()
+
+
+def close(got: np.ndarray, want: np.ndarray) -> None:
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()) + 1e-6)
+
+
+class TinyDetector(nn.Module):
+    """An FPN detector: stride-8 backbone, deeper levels upsampled and added to lateral ones, levels concatenated."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1), nn.BatchNorm2d(8), nn.ReLU())
+        self.c2 = nn.Sequential(nn.Conv2d(8, 16, 3, 2, 1), nn.ReLU())
+        self.c3 = nn.Sequential(nn.Conv2d(16, 24, 3, 2, 1), nn.ReLU())
+        self.l1, self.l2, self.l3 = nn.Conv2d(8, 12, 1), nn.Conv2d(16, 12, 1), nn.Conv2d(24, 12, 1)
+        self.head = nn.Sequential(nn.Conv2d(24, 8, 3, padding=1), nn.ReLU(), nn.ConvTranspose2d(8, 1, 2, 2),
+                                  nn.Sigmoid())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f1 = self.c1(x)
+        f2 = self.c2(f1)
+        f3 = self.c3(f2)
+        up = nn.functional.interpolate
+        p2 = self.l2(f2) + up(self.l3(f3), scale_factor=2.0, mode="nearest")
+        p1 = self.l1(f1) + up(p2, scale_factor=2.0, mode="nearest")
+        return self.head(torch.cat([p1, up(p2, scale_factor=2.0, mode="nearest")], dim=1))
+
+
+class Recognizer(nn.Module):
+    """A CRNN text recognizer as PaddleOCR's: convolutions to height 1... here 8, reshape, a bidirectional LSTM."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                                  nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d((2, 1)))
+        self.rnn = nn.LSTM(32 * 8, 48, batch_first=True, bidirectional=True)
+        self.fc = nn.Linear(96, 37)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = self.conv(x)
+        b, c, h, w = features.shape
+        features = features.reshape(b, c * h, w).permute(0, 2, 1)
+        hidden, _ = self.rnn(features)
+        return self.fc(hidden).softmax(-1)
+
+
+CASES = {
+    # name: (module factory, example shape, dynamic axes, three sizes, compile it, a size it refuses)
+    "detector": (TinyDetector, (1, 3, 32, 48), {0: "batch", 2: "height", 3: "width"},
+                 [(1, 3, 32, 48), (2, 3, 64, 32), (1, 3, 96, 128)], True, (1, 3, 36, 48)),
+    "recognizer": (Recognizer, (2, 3, 32, 40), {0: "batch", 3: "width"},
+                   [(2, 3, 32, 40), (1, 3, 32, 100), (5, 3, 32, 16)], True, (1, 3, 48, 40)),
+    "voice-activity": (benchmark_models.VoiceActivity, (1, 4, 576), {1: "frames"},
+                       [(1, 4, 576), (1, 9, 576), (1, 1, 576)], True, (1, 4, 512)),
+    "mobilenet-v2": (benchmark_models.MobileNetV2, (1, 3, 64, 64), {0: "batch"},
+                     [(1, 3, 64, 64), (2, 3, 64, 64), (5, 3, 64, 64)], False, (2, 3, 32, 64)),
+}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def exported(request):
+    factory, example_shape, axes, sizes, compile_it, refused = CASES[request.param]
+    torch.manual_seed(len(request.param))
+    model = benchmark_models.randomized(factory(), seed=len(request.param))
+    data = export(model, torch.randn(example_shape), axes)
+    return request.param, data, axes, sizes, compile_it, refused
+
+
+def references(data: bytes, sizes) -> list[tuple[np.ndarray, np.ndarray]]:
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(7)
+    pairs = []
+    for size in sizes:
+        x = rng.standard_normal(size).astype("float32")
+        pairs.append((x, session.run(None, {"x": x})[0]))
+    return pairs
+
+
+def test_dynamic_model_runs_at_every_size(exported, tmp_path):
+    name, data, axes, sizes, compile_it, refused = exported
+    ir = forge.from_onnx(data)
+    (shape,) = ir.input_shapes
+    assert [axis for axis, d in enumerate(shape) if d == forge.DYNAMIC_DIM] == sorted(axes)
+    assert ir.input_specs[0].dims == tuple(axes.get(axis, d) for axis, d in enumerate(shape))
+    run = ir.get_inference_function()
+    pairs = references(data, sizes)
+    for x, want in pairs:
+        close(run(x), want)
+    with pytest.raises(forge.InputError):
+        run(np.zeros(refused, "float32"))
+    if not compile_it:
+        return
+    ir.compile(output_path=tmp_path / "artifact")
+    runtime = forge.Runtime(tmp_path / "artifact")
+    assert runtime.input_shapes == [shape]
+    assert runtime.get_metadata()["inputs"][0]["dims"] == [axes.get(axis, d) for axis, d in enumerate(shape)]
+    for x, want in pairs:
+        close(runtime.infer(x)[0], want)
+    with pytest.raises(forge.InputError) as refusal:
+        runtime.infer(np.zeros(refused, "float32"))
+    assert "x" in str(refusal.value)
+
+
+def test_detector_size_off_its_stride_is_an_input_error_naming_the_sizes():
+    """Height 36 is no multiple of the detector's stride 8: its upsampled features no longer add up. torch and
+    onnxruntime refuse it; Forge's compiled check says which input sizes it was given."""
+    model = benchmark_models.randomized(TinyDetector())
+    data = export(model, torch.randn(1, 3, 32, 32), {0: "batch", 2: "height", 3: "width"})
+    with pytest.raises(Exception):
+        ort.InferenceSession(data).run(None, {"x": np.zeros((1, 3, 36, 32), "float32")})
+    run = forge.from_onnx(data).get_inference_function()
+    with pytest.raises(forge.InputError, match=r"x: \(1, 3, 36, 32\).*takes x: \(batch, 3, height, width\)"):
+        run(np.zeros((1, 3, 36, 32), "float32"))
+
+
+def test_static_shape_still_gives_a_static_module():
+    model = benchmark_models.randomized(Recognizer())
+    data = export(model, torch.randn(2, 3, 32, 40), {0: "batch", 3: "width"})
+    ir = forge.from_onnx(data, shape={"x": (2, 3, 32, 40)})
+    assert ir.input_shapes == [(2, 3, 32, 40)]
+    ((x, want),) = references(data, [(2, 3, 32, 40)])
+    close(ir.get_inference_function()(x), want)
+
+
+# --- Paddle2ONNX's shape arithmetic ------------------------------------------------------------------------------
+
+def _const(name: str, value) -> onnx.NodeProto:
+    return oh.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(value), name))
+
+
+_SHAPE = oh.make_node("Shape", ["x"], ["s"])
+PADDLE_RESHAPES = {
+    "slice-concat": [_SHAPE, _const("st", [0]), _const("en", [1]), oh.make_node("Slice", ["s", "st", "en"], ["n"]),
+                     _const("rest", [-1, 4]), oh.make_node("Concat", ["n", "rest"], ["shp"], axis=0)],
+    "gather-unsqueeze": [_SHAPE, _const("i0", np.int64(0)), oh.make_node("Gather", ["s", "i0"], ["n"], axis=0),
+                         _const("ax", [0]), oh.make_node("Unsqueeze", ["n", "ax"], ["nu"]), _const("rest", [32, -1]),
+                         oh.make_node("Concat", ["nu", "rest"], ["shp"], axis=0)],
+    "cast-int32": [_SHAPE, oh.make_node("Cast", ["s"], ["s32"], to=TensorProto.INT32), _const("st", [0]),
+                   _const("en", [1]), oh.make_node("Slice", ["s32", "st", "en"], ["n"]),
+                   _const("rest", np.array([-1, 4], np.int32)),
+                   oh.make_node("Concat", ["n", "rest"], ["shp32"], axis=0),
+                   oh.make_node("Cast", ["shp32"], ["shp"], to=TensorProto.INT64)],
+    "div": [_SHAPE, _const("i3", [3]), oh.make_node("Gather", ["s", "i3"], ["w"], axis=0), _const("two", [2]),
+            oh.make_node("Div", ["w", "two"], ["w2"]), _const("i0", [0]),
+            oh.make_node("Gather", ["s", "i0"], ["n"], axis=0), _const("m", [64]),
+            oh.make_node("Concat", ["n", "m", "w2"], ["shp"], axis=0)],
+    "reduce-prod": [_SHAPE, _const("st", [1]), _const("en", [3]), oh.make_node("Slice", ["s", "st", "en"], ["mid"]),
+                    oh.make_node("ReduceProd", ["mid"], ["p"], keepdims=1), _const("i0", [0]),
+                    oh.make_node("Gather", ["s", "i0"], ["n"], axis=0), _const("m1", [-1]),
+                    oh.make_node("Concat", ["n", "p", "m1"], ["shp"], axis=0)],
+    "float-scale": [_SHAPE, _const("i3", [3]), oh.make_node("Gather", ["s", "i3"], ["w"], axis=0),
+                    oh.make_node("Cast", ["w"], ["wf"], to=TensorProto.FLOAT),
+                    _const("k", np.array([0.5], np.float32)), oh.make_node("Mul", ["wf", "k"], ["wh"]),
+                    oh.make_node("Cast", ["wh"], ["wi"], to=TensorProto.INT64), _const("i0", [0]),
+                    oh.make_node("Gather", ["s", "i0"], ["n"], axis=0), _const("m", [64]),
+                    oh.make_node("Concat", ["n", "m", "wi"], ["shp"], axis=0)],
+}
+
+
+@pytest.mark.parametrize("case", list(PADDLE_RESHAPES))
+def test_reshape_to_a_shape_computed_from_dynamic_dims(case):
+    nodes = PADDLE_RESHAPES[case] + [oh.make_node("Reshape", ["x", "shp"], ["r"]), oh.make_node("Relu", ["r"], ["y"])]
+    graph = oh.make_graph(nodes, "p2o", [oh.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 8, 4, -1])],
+                          [oh.make_tensor_value_info("y", TensorProto.FLOAT, [-1, -1, -1])])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 13)], ir_version=8)
+    data = model.SerializeToString()
+    with pytest.warns(forge.ModelQuirkWarning, match="negative|dynamic dim"):
+        ir = forge.from_onnx(data)
+    assert ir.input_shapes == [(-1, 8, 4, -1)]
+    assert ir.input_specs[0].dims == ("x_dim0", 8, 4, "x_dim3")
+    run = ir.get_inference_function()
+    for x, want in references(data, [(1, 8, 4, 6), (3, 8, 4, 10), (2, 8, 4, 2)]):
+        close(run(x), want)
+
+
+# --- If on an input value, branches squeezing a dynamic length ----------------------------------------------------
+
+def _branch(name: str, frame: int, rng: np.random.Generator) -> onnx.GraphProto:
+    """``x [b, n] -> conv1d(kernel = stride = frame) -> [b, 4, n / frame] -> Squeeze(2)``: n must equal frame."""
+    weight = numpy_helper.from_array(rng.standard_normal((4, 1, frame)).astype("float32") * 0.3, f"{name}_w")
+    nodes = [_const(f"{name}_ax1", [1]), oh.make_node("Unsqueeze", ["x", f"{name}_ax1"], [f"{name}_x3"]),
+             oh.make_node("Conv", [f"{name}_x3", f"{name}_w"], [f"{name}_y"], kernel_shape=[frame], strides=[frame]),
+             _const(f"{name}_ax2", [2]), oh.make_node("Squeeze", [f"{name}_y", f"{name}_ax2"], [f"{name}_out"])]
+    return oh.make_graph(nodes, name, [], [oh.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, [None, None])],
+                         [weight])
+
+
+def test_if_on_an_input_value_with_branches_squeezing_a_dynamic_length():
+    rng = np.random.default_rng(3)
+    nodes = [_const("k16", np.array(16000, np.int64)), oh.make_node("Equal", ["sr", "k16"], ["is16"]),
+             oh.make_node("If", ["is16"], ["feat"], then_branch=_branch("then", 8, rng),
+                          else_branch=_branch("else", 4, rng)),
+             _const("ax", [1]), oh.make_node("Unsqueeze", ["feat", "ax"], ["f3"]), oh.make_node("Relu", ["f3"], ["y"])]
+    graph = oh.make_graph(nodes, "vad", [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "samples"]),
+                                         oh.make_tensor_value_info("sr", TensorProto.INT64, [])],
+                          [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1, 4])])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 13)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    data = model.SerializeToString()
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    ir = forge.from_onnx(data)
+    assert ir.input_shapes == [(-1, -1), ()]
+    run = ir.get_inference_function()
+    for batch, samples, rate in [(1, 8, 16000), (2, 4, 8000), (3, 8, 16000)]:
+        x, sr = rng.standard_normal((batch, samples)).astype("float32"), np.array(rate, np.int64)
+        close(run(x, sr), session.run(None, {"x": x, "sr": sr})[0])
+    # 16 samples at 16 kHz: the taken branch's length is 2, which its Squeeze refuses, as onnxruntime does
+    x, sr = np.zeros((1, 16), "float32"), np.array(16000, np.int64)
+    with pytest.raises(Exception):
+        session.run(None, {"x": x, "sr": sr})
+    with pytest.raises(Exception, match=r"Squeeze .*extent 1"):
+        run(x, sr)
+
+
+# --- inputs that share a dynamic dim ------------------------------------------------------------------------------
+
+def test_inputs_sharing_a_dynamic_dim_must_agree_on_it(tmp_path):
+    nodes = [oh.make_node("Add", ["a", "b"], ["y"])]
+    graph = oh.make_graph(nodes, "shared", [oh.make_tensor_value_info("a", TensorProto.FLOAT, ["batch", "seq"]),
+                                            oh.make_tensor_value_info("b", TensorProto.FLOAT, ["batch", "seq"])],
+                          [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq"])])
+    ir = forge.from_onnx(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8))
+    ir.compile(output_path=tmp_path / "artifact")
+    runtime = forge.Runtime(tmp_path / "artifact")
+    assert [spec["dims"] for spec in runtime.get_metadata()["inputs"]] == [["batch", "seq"], ["batch", "seq"]]
+    a = np.ones((2, 5), "float32")
+    np.testing.assert_array_equal(runtime.infer(a, a)[0], a + a)
+    np.testing.assert_array_equal(runtime.infer(a[:, :3], a[:, :3])[0], 2 * a[:, :3])
+    with pytest.raises(forge.InputError, match=r"'b'.*dim 1 is the model's dynamic dim 'seq'.*'a' gives as 5; given 3"):
+        runtime.infer(a, a[:, :3])
