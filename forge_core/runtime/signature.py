@@ -107,9 +107,8 @@ class TensorSpec:
                    None if dims is None else tuple(d if isinstance(d, str) else int(d) for d in dims))
 
     def describe(self) -> str:
-        """``"name: (1, 3, ?, ?) float32"``, with ``?`` for a dynamic dimension (its name where the model has one:
-        ``(batch, 3, h, w)``)."""
-        return f"{self.name}: {format_shape(self.shape, self.dims)} {self.dtype}"
+        """``"name: (1, 3, ?, ?) float32"``, with ``?`` for a dynamic dimension."""
+        return f"{self.name}: {format_shape(self.shape)} {self.dtype}"
 
 
 def shape_matches(expected: tuple[int, ...] | None, given: Sequence[int]) -> bool:

@@ -206,6 +206,7 @@ def squeeze(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], co
     cannot prove to be 1 at import is match-cast to 1, which checks the same when the model runs; TVM's
     converter then squeezes.
     """
+    inputs = list(inputs) + [None] * (2 - len(inputs))  # TVM's converter reads inputs[1] (the axes) as optional
     data = inputs[0]
     dims = static_or_symbolic_dims(data) if isinstance(data, relax.Expr) else None
     axes_operand = inputs[1] if len(inputs) > 1 and inputs[1] is not None else None
