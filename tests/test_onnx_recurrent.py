@@ -58,16 +58,24 @@ class Node:
         return 2 if self.direction == "bidirectional" else 1
 
 
-def build(nodes: list[Node], seed: int = 0) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+def build(nodes: list[Node], seed: int = 0, dynamic: bool = False) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """One model holding every node, each with inputs ``X<i>`` (``L<i>``, ``h<i>``, ``c<i>``) and its own outputs.
 
     Values do not depend on ``layout``: a node with ``layout`` 1 gets the transposes of its layout-0 twin's.
+    ``dynamic`` declares each node's sequence length and batch as dynamic dims (``seq<i>``, ``batch<i>``).
     """
     rng = np.random.default_rng(seed)
     onnx_nodes, inputs, outputs, inits, feeds = [], [], [], [], {}
 
     def tensor(name: str, shape: list[int], elem: int = TensorProto.FLOAT) -> helper.ValueInfoProto:
+        if dynamic:  # the shapes hold a node's seq and batch as sentinels: name them
+            index = name.lstrip("XLYhc")
+            names = {-1: f"seq{index}", -2: f"batch{index}"}
+            shape = [names.get(d, d) for d in shape]
         return helper.make_tensor_value_info(name, elem, shape)
+
+    def dims(node: Node) -> tuple[int, int]:
+        return (-1, -2) if dynamic else (node.seq, node.batch)
 
     def batch_first(array: np.ndarray, node: Node) -> np.ndarray:
         return array.swapaxes(0, 1) if node.layout == 1 else array
@@ -84,15 +92,16 @@ def build(nodes: list[Node], seed: int = 0) -> tuple[onnx.ModelProto, dict[str, 
         for name, shape in weights.items():
             inits.append(numpy_helper.from_array(rng.uniform(-bound, bound, shape).astype(np.float32), name))
         x = batch_first(rng.standard_normal((node.seq, node.batch, node.inputs)).astype(np.float32), node)
-        inputs.append(tensor(f"X{i}", list(x.shape)))
+        seq, batch = dims(node)
+        inputs.append(tensor(f"X{i}", [batch, seq, node.inputs] if node.layout == 1 else [seq, batch, node.inputs]))
         feeds[f"X{i}"] = x
         names.append("")
         if node.lengths is not None:
             names[-1] = f"L{i}"
-            inputs.append(tensor(f"L{i}", [node.batch], TensorProto.INT32))
+            inputs.append(tensor(f"L{i}", [batch], TensorProto.INT32))
             feeds[f"L{i}"] = np.array(node.lengths, np.int32)
         states = ["h"] + (["c"] if node.op == "LSTM" else [])
-        state_shape = list(batch_first(np.zeros((dirs, node.batch, hidden)), node).shape)
+        state_shape = [dirs, batch, hidden] if node.layout == 0 else [batch, dirs, hidden]
         for state in states:
             if node.initial:
                 names.append(f"{state}{i}")
@@ -105,7 +114,7 @@ def build(nodes: list[Node], seed: int = 0) -> tuple[onnx.ModelProto, dict[str, 
             names += [""] * (7 - len(names)) + [f"P{i}"]
         while names and names[-1] == "":
             names.pop()
-        y_shape = [node.batch, node.seq, dirs, hidden] if node.layout == 1 else [node.seq, dirs, node.batch, hidden]
+        y_shape = [batch, seq, dirs, hidden] if node.layout == 1 else [seq, dirs, batch, hidden]
         node_outputs = [f"Y{i}"] + [f"Y{state}{i}" for state in states]
         outputs += [tensor(f"Y{i}", y_shape)] + [tensor(f"Y{state}{i}", state_shape) for state in states]
         attrs = {"hidden_size": hidden, "direction": node.direction, **node.attrs}
@@ -178,6 +187,38 @@ def parallel_grid_node(monkeypatch):
                          ids=["rnn", "gru", "gru_linear_before_reset", "lstm"])
 def test_against_onnxruntime(op, attrs, opt_level, parallel_grid_node):
     check(grid(op, **attrs), opt_level)
+
+
+@pytest.mark.parametrize("opt_level", [0, 3])
+@pytest.mark.parametrize("op, attrs", [("RNN", {}), ("GRU", {}), ("GRU", {"linear_before_reset": 1}), ("LSTM", {})],
+                         ids=["rnn", "gru", "gru_linear_before_reset", "lstm"])
+def test_dynamic_sequence_and_batch_against_onnxruntime(op, attrs, opt_level, parallel_grid_node):
+    """The grid with every node's sequence length and batch dynamic: one kernel each, built without the sizes
+    (a parallel one included), run at the grid's sizes; plus layout 1, sequence_lens and peepholes."""
+    nodes = grid(op, **attrs) + [Node(op, "bidirectional", 9, 4, 5, 3, True, lengths=(5, 0, 2), attrs=dict(attrs)),
+                                 Node(op, "forward", 9, 4, 3, 2, True, layout=1, attrs=dict(attrs))]
+    if op == "LSTM":
+        nodes.append(Node(op, "reverse", 9, 4, 4, 2, True, peepholes=True))
+    model, feeds = build(nodes, dynamic=True)
+    ir = forge.from_onnx(model)
+    assert all(shape[:2] == (-1, -1) for name, shape in zip(ir.input_names, ir.input_shapes) if name[0] == "X")
+    kernels = [f for f in ir.mod.functions.values() if recurrent_kernel.CELL_ATTR in (f.attrs or {})]
+    cells = [recurrent_kernel.RecurrentCell.from_json(str(f.attrs[recurrent_kernel.CELL_ATTR])) for f in kernels]
+    assert len(cells) == len(nodes) and all(c.seq is None and c.batch is None for c in cells)
+    run = compile_to_function(ir, target={"kind": "llvm", "num-cores": 2}, opt_level=opt_level)
+    expected = reference(nodes)
+    got = run(*[feeds[name] for name in ir.input_names])
+    for output, g in zip(model.graph.output, got):
+        np.testing.assert_allclose(g, expected[output.name], rtol=RTOL, atol=ATOL, err_msg=output.name)
+
+
+def test_dynamic_batch_checks_the_states_batch():
+    """initial_h shares X's dynamic batch: a run that gives them different batches is an error, not a read past
+    the state's end."""
+    model, feeds = build([Node("GRU", "forward", 7, 3, 4, 2, True)], dynamic=True)
+    run = forge.from_onnx(model).get_inference_function()
+    with pytest.raises(forge.InputError, match="batch0"):
+        run(feeds["X0"], feeds["h0"][:, :1])
 
 
 def test_kernel_options_follow_the_target():

@@ -34,6 +34,7 @@ from forge_core.plugin_manager import get_plugin_manager
 from forge_core.compiler.metadata_builder import record_schedules, schedules_entry
 from forge_core.compiler.tir_pipeline import tir_pipeline
 from forge_core.schedules.apply import FALLBACK_RULES, fold_repacked_weights, log_fallbacks, schedule_report
+from forge_core.schedules.gpu import gpu_legalize_passes
 from forge_core.schedules.verify import take_failure, verification_enabled, verify_schedules
 
 logger = logging.getLogger("forge.compile")
@@ -76,7 +77,7 @@ def _backend_stages(target: tvm.target.Target) -> ModuleType:
 def _legalize_passes(target: tvm.target.Target, opt_level: int) -> list[tvm.transform.Pass]:
     # quantize saturates as ONNX's QuantizeLinear, NaN to the lowest value (forge_core.quantization.expand)
     if target.kind.name != "llvm":
-        return [ExpandQuantize, *_backend_stages(target).legalize_passes(target)]  # GPU: with TVM's dlight schedules
+        return [ExpandQuantize, *gpu_legalize_passes()]  # GPU: TVM's dlight schedules
     passes = [ExpandQuantize, relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern()]
     if opt_level >= 2:
         passes.append(relax.transform.FoldConstant())
