@@ -11,7 +11,7 @@ import tvm
 
 from forge_core.errors import ForgeError
 from forge_core.runtime.outputs import outputs_to_numpy, to_device
-from forge_core.runtime.signature import TensorSpec, check_inputs, run_error
+from forge_core.runtime.signature import TensorSpec, check_inputs, explained_run_errors
 from forge_core.runtime.vm_threads import VMSessions
 
 logger = logging.getLogger("forge.inference")
@@ -35,13 +35,8 @@ class InferenceFunction:
     def __call__(self, *arrays: Any) -> np.ndarray | list[np.ndarray]:
         checked = check_inputs(self.input_specs, arrays)
         args = [to_device(a, self._device) for a in checked]
-        try:
+        with explained_run_errors(self.input_specs, checked):
             results = self._sessions.call("main", *args, convert=outputs_to_numpy)
-        except Exception as exc:  # noqa: BLE001 - TVM raises its own error types
-            error = run_error(self.input_specs, checked, exc)
-            if error is None:
-                raise
-            raise error from exc
         return results[0] if len(self.output_specs) == 1 and len(results) == 1 else results
 
     def __repr__(self) -> str:

@@ -76,27 +76,25 @@ def tensor_spec(name: str, ty: relax.Type) -> TensorSpec:
 def input_specs(params: list[relax.Var]) -> list[TensorSpec]:
     """The specs of a function's inputs; a dim's name is kept only where it names one variable (importers may
     name several distinct dynamic dims alike, e.g. TVM's ``v``): inputs that share a name share the dim."""
+    used = {var: _dim_vars(var.ty) for var in params}
     owners: dict[str, set[tvm.tirx.Var]] = {}
-    for var in params:
-        shape = getattr(var.ty, "shape", None)
-        if isinstance(shape, relax.ShapeExpr):
-            for dim in shape.values:
-                for used in tvm.tirx.analysis.undefined_vars(dim):
-                    owners.setdefault(str(used.name), set()).add(used)
-    ambiguous = {name for name, used in owners.items() if len(used) > 1}
+    for dim_vars in used.values():
+        for dim_var in dim_vars:
+            owners.setdefault(str(dim_var.name), set()).add(dim_var)
     specs = []
     for var in params:
         spec = tensor_spec(var.name, var.ty)
-        if spec.dims is not None and any(isinstance(d, str) and _mentions(d, ambiguous) for d in spec.dims):
+        if any(len(owners[str(dim_var.name)]) > 1 for dim_var in used[var]):
             spec = TensorSpec(spec.name, spec.shape, spec.dtype, None)
         specs.append(spec)
     return specs
 
 
-def _mentions(text: str, names: set[str]) -> bool:
-    import re
-
-    return any(re.search(rf"\b{re.escape(name)}\b", text) for name in names)
+def _dim_vars(ty: relax.Type) -> list[tvm.tirx.Var]:
+    shape = getattr(ty, "shape", None)
+    if not isinstance(shape, relax.ShapeExpr):
+        return []
+    return [v for dim in shape.values for v in tvm.tirx.analysis.undefined_vars(dim)]
 
 
 def flatten_types(ty: relax.Type) -> list[relax.Type]:

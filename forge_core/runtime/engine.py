@@ -25,7 +25,7 @@ from forge_core.runtime.library_file import (
 )
 from forge_core.runtime.outputs import outputs_to_numpy, to_device
 from forge_core.runtime.profiling import FunctionTime, profile_calls
-from forge_core.runtime.signature import SignatureSurface, TensorSpec, check_inputs, random_inputs, run_error
+from forge_core.runtime.signature import SignatureSurface, TensorSpec, check_inputs, explained_run_errors, random_inputs
 from forge_core.runtime.vm_threads import VMSessions
 
 _DEVICES = {"cpu": tvm.cpu, "cuda": tvm.cuda}
@@ -269,13 +269,8 @@ class Runtime(LoadedArtifact):
         """
         checked = check_inputs(self._inputs, arrays)
         args = [to_device(a, self._device) for a in checked]
-        try:
+        with explained_run_errors(self._inputs, checked):
             return self._sessions.call("main", *args, convert=outputs_to_numpy)
-        except Exception as exc:  # noqa: BLE001 - TVM raises its own error types
-            error = run_error(self._inputs, checked, exc)
-            if error is None:
-                raise
-            raise error from exc
 
     __call__ = infer
 

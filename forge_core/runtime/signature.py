@@ -12,7 +12,8 @@ metadata JSON). An input may take any non-negative size in that dimension.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,6 +153,18 @@ def _check_shared_dims(specs: Sequence[TensorSpec], arrays: Sequence[np.ndarray]
                     f"{other!r} gives as {other_size}; given {size}. Inputs {format_shape(spec.shape, spec.dims)} "
                     f"share it: give them the same size."
                 )
+
+
+@contextmanager
+def explained_run_errors(specs: Sequence[TensorSpec], arrays: Sequence[np.ndarray]) -> Iterator[None]:
+    """Runs the model inside: a failure that :func:`run_error` explains becomes its :class:`InputError`."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - TVM raises its own error types
+        error = run_error(specs, arrays, exc)
+        if error is None:
+            raise
+        raise error from exc
 
 
 def run_error(specs: Sequence[TensorSpec], arrays: Sequence[np.ndarray], error: BaseException) -> InputError | None:

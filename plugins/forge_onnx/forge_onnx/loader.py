@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import os
@@ -148,14 +149,14 @@ class _ForgeImporter(ONNXGraphImporter):
                 self._branch_conditions[_branch_key(attr.g)] = (node.input[0], attr.name == "then_branch")
 
     def branch_taken(self) -> relax.Expr | None:
-        """A bool scalar tensor, true when the If branch being converted runs; None outside branches (or when
-        the condition is not known)."""
-        if not self._branch_stack or any(c is None for c in self._branch_stack):
-            return None if not self._branch_stack else relax.const(False, "bool")
-        taken = self._branch_stack[0]
-        for cond in self._branch_stack[1:]:
-            taken = self.bb.emit(relax.op.logical_and(taken, cond))
-        return taken
+        """None outside If branches; in one, a bool scalar tensor true when the branch being converted runs (true
+        where a condition is not known: its checks then always run)."""
+        if not self._branch_stack:
+            return None
+        known = [cond for cond in self._branch_stack if cond is not None]
+        if not known:
+            return relax.const(True, "bool")
+        return functools.reduce(lambda a, b: self.bb.emit(relax.op.logical_and(a, b)), known)
 
     def _bind_named(self, node: onnx.NodeProto) -> None:
         """Bind a single-output node's result under the ONNX node's name, so the graph API finds it by that name."""
@@ -234,6 +235,11 @@ def _needs_edit(model: onnx.ModelProto, shape: Mapping[str, Sequence[Dim]] | Non
     )
 
 
+def _dim_name(input_name: str, axis: int) -> str:
+    """The name Forge gives a graph input's dynamic dim that has none: ``<input>_dim<axis>``, an identifier."""
+    return re.sub(r"\W+", "_", f"{input_name}_dim{axis}").strip("_") or f"dim{axis}"
+
+
 def _anonymous_dims(model: onnx.ModelProto) -> list[tuple[onnx.ValueInfoProto, int]]:
     """Graph inputs' dims with neither a size nor a name (or a negative size, Paddle2ONNX's dynamic dim)."""
     found = []
@@ -249,7 +255,7 @@ def _name_dims(model: onnx.ModelProto) -> None:
     all ``v``, as though they were one), and a name its errors and the artifact's metadata can show."""
     taken = {d.dim_param for vi in _graph_inputs(model) for d in vi.type.tensor_type.shape.dim if d.dim_param}
     for vi, axis in _anonymous_dims(model):
-        name = re.sub(r"\W+", "_", f"{vi.name}_dim{axis}").strip("_") or f"dim{axis}"
+        name = _dim_name(vi.name, axis)
         while name in taken:
             name += "_"
         taken.add(name)
@@ -296,7 +302,7 @@ def _apply_shapes(model: onnx.ModelProto, shape: Mapping[str, Sequence[Dim]]) ->
             if isinstance(dim, str):
                 entry.dim_param = dim
             elif dim is None or int(dim) < 0:
-                entry.dim_param = f"{name}_dim{axis}"
+                entry.dim_param = _dim_name(name, axis)
             else:
                 entry.dim_value = int(dim)
 

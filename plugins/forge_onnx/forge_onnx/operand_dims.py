@@ -24,6 +24,7 @@ from typing import Any
 import tvm
 from tvm import relax, tirx
 
+from forge_onnx.converters.shapes import static_or_symbolic_dims
 from forge_onnx.symbolic_values import dims_analyzer
 
 # Operators whose tensor operands broadcast against one another (multidirectional broadcasting).
@@ -37,11 +38,7 @@ JOINING = frozenset({"Concat"})
 
 
 def _dims(value: Any) -> list[tvm.ir.PrimExpr] | None:
-    ty = getattr(value, "ty", None)
-    if not isinstance(value, relax.Expr) or not isinstance(ty, relax.TensorType) \
-            or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    return list(ty.shape.values)
+    return static_or_symbolic_dims(value) if isinstance(value, relax.Expr) else None
 
 
 def _is_one(dim: tvm.ir.PrimExpr) -> bool:
@@ -58,20 +55,18 @@ def _matched(bb: relax.BlockBuilder, value: relax.Expr, dims: list[tvm.ir.PrimEx
 
 
 def _unify(bb: relax.BlockBuilder, operands: Sequence[Any], skip_axis: int | None, broadcast: bool) -> list[Any]:
-    shaped = [(i, _dims(v)) for i, v in enumerate(operands)]
-    shaped = [(i, d) for i, d in shaped if d is not None]
+    shaped = {i: d for i, d in ((i, _dims(v)) for i, v in enumerate(operands)) if d is not None}
     if len(shaped) < 2:
         return list(operands)
-    rank = max(len(d) for _, d in shaped)
-    if not broadcast and any(len(d) != rank for _, d in shaped):
+    rank = max(len(d) for d in shaped.values())
+    if not broadcast and any(len(d) != rank for d in shaped.values()):
         return list(operands)  # ranks differ: the converter's own error names it
-    analyzer = dims_analyzer(*[dim for _, d in shaped for dim in d])
-    wanted: dict[int, dict[int, tvm.ir.PrimExpr]] = {i: {} for i, _ in shaped}
+    analyzer = dims_analyzer(*[dim for d in shaped.values() for dim in d])
+    wanted: dict[int, dict[int, tvm.ir.PrimExpr]] = {i: {} for i in shaped}
     for back in range(1, rank + 1):  # numpy's alignment: from the last axis
-        axis = rank - back
-        if axis == skip_axis:
+        if rank - back == skip_axis:
             continue
-        present = [(i, d[len(d) - back]) for i, d in shaped if len(d) >= back]
+        present = [(i, d[len(d) - back]) for i, d in shaped.items() if len(d) >= back]
         sized = [(i, dim) for i, dim in present if not (broadcast and _is_one(dim))]
         if len(sized) < 2:
             continue
@@ -80,10 +75,9 @@ def _unify(bb: relax.BlockBuilder, operands: Sequence[Any], skip_axis: int | Non
         for i, dim in sized:
             if isinstance(dim, tirx.IntImm) or analyzer.can_prove_equal(dim, canonical):
                 continue  # static (a mismatch is the converter's error), or the same dim
-            own = dict(shaped)[i]
-            wanted[i][len(own) - back] = canonical
+            wanted[i][len(shaped[i]) - back] = canonical
     result = list(operands)
-    for i, d in shaped:
+    for i, d in shaped.items():
         result[i] = _matched(bb, operands[i], d, wanted[i])
     return result
 

@@ -11,6 +11,10 @@ use ``sequence`` where the graph means it.
 
 from __future__ import annotations
 
+import functools
+import operator
+from collections.abc import Callable
+
 import tvm
 from tvm import relax, sym, tirx
 
@@ -34,14 +38,26 @@ _BINARY = {
     "relax.maximum": tirx.max,
     "relax.minimum": tirx.min,
 }
-_UNARY = {"relax.floor": tirx.floor, "relax.ceil": tirx.ceil}
-_COMPARE = {
+_BINARY.update({  # comparisons: the conditions of where (TVM's Gather normalizes negative indices with one)
     "relax.less": lambda a, b: a < b,
     "relax.greater": lambda a, b: a > b,
     "relax.less_equal": lambda a, b: a <= b,
     "relax.greater_equal": lambda a, b: a >= b,
-    "relax.equal": lambda a, b: tirx.EQ(a, b),
-    "relax.not_equal": lambda a, b: tirx.NE(a, b),
+    "relax.equal": tirx.EQ,
+    "relax.not_equal": tirx.NE,
+})
+
+
+def _rounded(round_float: Callable[[tvm.ir.Expr], tvm.ir.Expr]) -> Callable[[tvm.ir.Expr], tvm.ir.Expr]:
+    return lambda v: v if _is_int(prim_dtype(v)) else round_float(v)
+
+
+_UNARY = {
+    "relax.negative": lambda v: -v,
+    "relax.floor": _rounded(tirx.floor),
+    "relax.ceil": _rounded(tirx.ceil),
+    "relax.isfinite": tirx.isfinite,  # TVM's Cast from float to int guards against inf and nan
+    "relax.logical_not": tirx.Not,
 }
 
 
@@ -59,7 +75,7 @@ def _tuple_ints(expr: relax.Expr) -> list[int] | None:
         values.append(int(field.value))
     return values
 _FLOATS = ("float16", "float32", "float64")
-_SAME_VALUES = {"relax.reshape", "relax.squeeze", "relax.expand_dims", "relax.astype"}
+_SAME_VALUES = {"relax.reshape", "relax.squeeze", "relax.expand_dims"}
 
 
 def _is_int(dtype: object) -> bool:
@@ -121,37 +137,18 @@ def _call_values(bb: relax.BlockBuilder, call: relax.Call, depth: int) -> Values
         return symbolic_ints(bb, call.args[0], depth + 1)
     if name in _UNARY:
         values = symbolic_ints(bb, call.args[0], depth + 1)
-        return None if values is None or any(_is_int(prim_dtype(v)) for v in values) else [
-            _UNARY[name](v) for v in values]
-    if name == "relax.isfinite":  # TVM's Cast from float to int guards against inf and nan
-        values = symbolic_ints(bb, call.args[0], depth + 1)
-        return None if values is None else [tirx.isfinite(v) for v in values]
-    if name == "relax.logical_not":
-        values = symbolic_ints(bb, call.args[0], depth + 1)
-        return None if values is None else [tirx.Not(v) for v in values]
+        return None if values is None else [_UNARY[name](v) for v in values]
     if name in ("relax.prod", "relax.sum") and call.args[0].ty.ndim == 1:
         values = symbolic_ints(bb, call.args[0], depth + 1)
-        if values is None or not values:
+        if not values:
             return None
-        total = values[0]
-        for v in values[1:]:
-            total = total * v if name == "relax.prod" else total + v
-        return [total]
-    if name == "relax.negative":
-        values = symbolic_ints(bb, call.args[0], depth + 1)
-        return None if values is None else [-v for v in values]
+        return [functools.reduce(operator.mul if name == "relax.prod" else operator.add, values)]
     if name in _BINARY:
         left, right = (symbolic_ints(bb, a, depth + 1) for a in call.args)
         pair = None if left is None or right is None else _broadcast(left, right)
         if pair is None or not _same_kind(pair[0] + pair[1]):
             return None
         return [_BINARY[name](a, b) for a, b in zip(*pair)]
-    if name in _COMPARE:
-        left, right = (symbolic_ints(bb, a, depth + 1) for a in call.args)
-        pair = None if left is None or right is None else _broadcast(left, right)
-        if pair is None or not _same_kind(pair[0] + pair[1]):
-            return None
-        return [_COMPARE[name](a, b) for a, b in zip(*pair)]
     if name == "relax.where":
         parts = [symbolic_ints(bb, a, depth + 1) for a in call.args]
         if any(p is None for p in parts):

@@ -27,6 +27,14 @@ class ConverterContext:
     raw_attrs: dict[str, Any] = field(default_factory=dict)
     """The attributes as TVM's converters expect them (with TVM's bookkeeping entries)."""
 
+    def branch_taken(self) -> Any:
+        """None at the graph's top level; in an If branch, a bool scalar tensor true when the branch runs.
+
+        TVM's importer emits a branch's bindings outside the If, so they run whichever branch is taken: a
+        converter that checks a value at run time guards the check with this.
+        """
+        return self.importer.branch_taken()
+
     @property
     def outputs(self) -> int:
         """How many outputs the node has."""

@@ -31,7 +31,7 @@ from tvm import relax
 from forge_onnx.converters import ConverterContext
 from forge_onnx.converters.recurrent_kernel import LANES, RecurrentCell, build_kernel
 from forge_onnx.converters.recurrent_math import activations
-from forge_onnx.converters.shapes import static_shape
+from forge_onnx.converters.shapes import static_or_symbolic_dims, static_shape
 
 DEFAULT_ACTIVATIONS = {"rnn": ["Tanh"], "gru": ["Sigmoid", "Tanh"], "lstm": ["Sigmoid", "Tanh", "Tanh"]}
 _COMPUTE_DTYPE = {"float16": "float32", "float32": "float32", "float64": "float64"}
@@ -132,10 +132,8 @@ def _read(bb: relax.BlockBuilder, kind: str, inputs: list[Any], attrs: dict[str,
 
 def _dims(value: relax.Expr) -> list[Any] | None:
     """A tensor's dims: ints where static, Relax's expressions where dynamic; None when only its rank is known."""
-    ty = value.ty
-    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    return [int(v.value) if isinstance(v, tvm.tirx.IntImm) else v for v in ty.shape.values]
+    dims = static_or_symbolic_dims(value)
+    return None if dims is None else [int(v.value) if isinstance(v, tvm.tirx.IntImm) else v for v in dims]
 
 
 def _same_dims(given: list[Any] | None, want: list[Any]) -> bool:

@@ -11,6 +11,7 @@ time broadcasts both ways, as ONNX defines it.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -188,14 +189,9 @@ def reshape(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], co
     if unknown:
         if dims is None:
             raise ValueError(f"Reshape {context.node!r}: a -1 in the shape needs the input's dims, given {data.ty}")
-        total = tirx.IntImm("int64", 1)
-        for dim in dims:
-            total = total * dim
-        known = tirx.IntImm("int64", 1)
-        for axis, v in enumerate(resolved):
-            if axis != unknown[0]:
-                known = known * v
-        resolved[unknown[0]] = tirx.floordiv(total, known)
+        one = tirx.IntImm("int64", 1)
+        known = math.prod((v for axis, v in enumerate(resolved) if axis != unknown[0]), start=one)
+        resolved[unknown[0]] = tirx.floordiv(math.prod(dims, start=one), known)
     return relax.op.reshape(data, relax.ShapeExpr(resolved))
 
 
@@ -203,13 +199,12 @@ def squeeze(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], co
     """Squeeze, where an axis to squeeze may have a dynamic extent (a conv's output length from a dynamic input).
 
     ONNX requires each squeezed axis to be 1, and onnxruntime checks it when it runs. An extent that Relax
-    cannot prove to be 1 at import is match-cast to 1, which checks the same when the model runs; TVM's
-    converter then squeezes.
+    cannot prove to be 1 at import is match-cast to 1, which checks the same when the model runs (in an If
+    branch, a check guarded by the branch's condition); TVM's converter then squeezes.
     """
     inputs = list(inputs) + [None] * (2 - len(inputs))  # TVM's converter reads inputs[1] (the axes) as optional
-    data = inputs[0]
+    data, axes_operand = inputs[0], inputs[1]
     dims = static_or_symbolic_dims(data) if isinstance(data, relax.Expr) else None
-    axes_operand = inputs[1] if len(inputs) > 1 and inputs[1] is not None else None
     if axes_operand is not None:
         axes = _constant_dims(axes_operand) if isinstance(axes_operand, (relax.ShapeExpr, tvm.ir.GenericConst)) \
             else None
@@ -227,8 +222,8 @@ def squeeze(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], co
             wanted[axis], changed = one, True
     if not changed:
         return context.tvm_convert("Squeeze", inputs)
-    branch = getattr(context.importer, "branch_taken", lambda: None)()
-    if branch is None and not getattr(context.importer, "_branch_stack", None):
+    branch = context.branch_taken()
+    if branch is None:
         bound = data if isinstance(data, relax.Var) else bb.emit(data)
         data = bb.match_cast(bound, relax.TensorType(wanted, data.ty.dtype))
         return context.tvm_convert("Squeeze", [data, *inputs[1:]])
@@ -239,7 +234,7 @@ def squeeze(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], co
     extents = bb.emit(relax.op.shape_to_tensor(relax.ShapeExpr([dims[a] for a in squeezed])))
     others = relax.op.sum(relax.op.astype(relax.op.not_equal(extents, relax.const(1, "int64")), "int64"))
     all_one = bb.emit(relax.op.equal(others, relax.const(0, "int64")))
-    fine = all_one if branch is None else bb.emit(relax.op.logical_or(relax.op.logical_not(branch), all_one))
+    fine = bb.emit(relax.op.logical_or(relax.op.logical_not(branch), all_one))
     bb.emit(relax.op.assert_op(fine, [extents], f"Squeeze {context.node!r}: the axes {squeezed} to squeeze must "
                                                  f"have extent 1 (ONNX requires it), given {{}}"))
     dropped = bb.emit(relax.op.max(data, axis=squeezed, keepdims=True))
