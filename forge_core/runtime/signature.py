@@ -215,7 +215,7 @@ def check_inputs(specs: Sequence[TensorSpec], arrays: Sequence[Any]) -> list[np.
             )
         if not shape_matches(spec.shape, value.shape):
             raise InputError(
-                f"Input {spec.name!r} (#{index}): expected shape {format_shape(spec.shape, spec.dims)}, "
+                f"Input {spec.name!r} (#{index}): expected shape {format_shape(spec.shape)}, "
                 f"given {format_shape(value.shape)}."
             )
         if not value.flags.c_contiguous:
