@@ -4,12 +4,13 @@
 
 Each model is exported once by torch with its dims dynamic (``dynamic_axes``), then:
 
-* Forge dynamic: one artifact, ``forge.from_onnx(model)`` as it ships, timed at every size;
+* Forge dynamic: one artifact, ``forge.from_onnx(model)`` as it ships, timed at every size (the generic code);
+* Forge bucketed: the same model compiled with ``shape_buckets`` at the three sizes, timed at every size;
 * Forge static: ``from_onnx(model, shape=...)`` at the first (the "static") size;
 * onnxruntime on the same dynamic ONNX file, at every size.
 
 Every engine is timed in a process of its own (``timing_worker.py``), in ``--rounds`` interleaved rounds;
-figures are medians. The targets: dynamic / static at the static size <= 1.2, and the ratio to onnxruntime at
+figures are medians. The targets: bucketed / static at the static size <= 1.2, and the ratio to onnxruntime at
 each size printed (and kept in the README). Writes benchmarks/results/dynamic_shapes.json.
 """
 
@@ -75,6 +76,8 @@ def main() -> None:
             onnx_path = work / f"{name}.onnx"
             onnx_path.write_bytes(_export(model, _inputs(name, sizes[0], 0), axes))
             forge.from_onnx(onnx_path).compile(output_path=work / f"{name}-dynamic")
+            buckets = [{next(iter(axes)): size} for size in sizes]
+            forge.from_onnx(onnx_path).compile(output_path=work / f"{name}-bucketed", shape_buckets=buckets)
             static_shape = {next(iter(axes)): sizes[0]}
             forge.from_onnx(onnx_path, shape=static_shape).compile(output_path=work / f"{name}-static")
             feeds = []
@@ -85,7 +88,8 @@ def main() -> None:
             times: dict[tuple[str, int], list[float]] = {}
             for _ in range(args.rounds):
                 for index, feed in enumerate(feeds):
-                    runs = [("dynamic", work / f"{name}-dynamic", "forge"), ("onnxruntime", onnx_path, "onnxruntime")]
+                    runs = [("dynamic", work / f"{name}-dynamic", "forge"), ("bucketed", work / f"{name}-bucketed", "forge"),
+                            ("onnxruntime", onnx_path, "onnxruntime")]
                     if index == 0:
                         runs.append(("static", work / f"{name}-static", "forge"))
                     for engine, model_path, kind in runs:
@@ -94,16 +98,19 @@ def main() -> None:
             median = {key: float(np.median(value)) for key, value in times.items()}
             for index, size in enumerate(sizes):
                 row = {"model": name, "size": list(size), "dynamic_ms": median[("dynamic", index)],
-                       "onnxruntime_ms": median[("onnxruntime", index)]}
+                       "bucketed_ms": median[("bucketed", index)], "onnxruntime_ms": median[("onnxruntime", index)]}
                 row["dynamic_over_onnxruntime"] = row["dynamic_ms"] / row["onnxruntime_ms"]
+                row["bucketed_over_onnxruntime"] = row["bucketed_ms"] / row["onnxruntime_ms"]
                 if index == 0:
                     row["static_ms"] = median[("static", 0)]
                     row["dynamic_over_static"] = row["dynamic_ms"] / row["static_ms"]
+                    row["bucketed_over_static"] = row["bucketed_ms"] / row["static_ms"]
                 results.append(row)
-                static = (f"  static {row['static_ms']:8.2f} ms  dynamic/static {row['dynamic_over_static']:.2f}"
+                static = (f"  static {row['static_ms']:8.2f} ms  bucketed/static {row['bucketed_over_static']:.2f}"
                           if index == 0 else "")
-                print(f"{name:12s} {str(size):20s} dynamic {row['dynamic_ms']:8.2f} ms  onnxruntime "
-                      f"{row['onnxruntime_ms']:8.2f} ms  ratio {row['dynamic_over_onnxruntime']:.2f}{static}",
+                print(f"{name:12s} {str(size):18s} dynamic {row['dynamic_ms']:8.2f} ms  bucketed "
+                      f"{row['bucketed_ms']:8.2f} ms  onnxruntime {row['onnxruntime_ms']:8.2f} ms  ratios "
+                      f"{row['dynamic_over_onnxruntime']:.2f} / {row['bucketed_over_onnxruntime']:.2f}{static}",
                       flush=True)
     out = HERE / "results" / "dynamic_shapes.json"
     out.parent.mkdir(exist_ok=True)

@@ -303,18 +303,29 @@ def test_dynamic_models_build_for_cuda_and_their_kernels_compile_with_nvcc(case,
     source (dynamic extents as kernel arguments; the recurrent kernel's states sized by the dynamic batch)
     compiles."""
     import re
-    import shutil
-    import subprocess
 
     factory, example_shape, axes = CUDA_CASES[case]
     data = export(benchmark_models.randomized(factory()), torch.randn(example_shape), axes)
     forge.from_onnx(_plain_node_names(data)).compile(target="cuda -arch=sm_90", output_path=tmp_path / "cuda")
-    library = (tmp_path / "cuda" / "model_library.so").read_bytes()
+    source = cuda_source(tmp_path / "cuda" / "model_library.so")
+    assert re.search(rb"int64_t (batch|width|height)\b", source), "no kernel takes a dynamic extent"
+    check_with_nvcc(source, tmp_path)
+
+
+def cuda_source(library_path: Path) -> bytes:
+    """The CUDA source TVM stores in a CUDA library."""
+    library = library_path.read_bytes()
     assert b'extern "C" __global__' in library, "no CUDA kernel source in the library"
     start = library.find(b"#if (((__CUDACC_VER_MAJOR__")  # the source's first line, as TVM's codegen writes it
     start = start if start >= 0 else library.find(b'extern "C" __global__')
-    source = library[start:library.rfind(b"}\n") + 2].split(b"\x00")[0]
-    assert re.search(rb"int64_t (batch|width|height)\b", source), "no kernel takes a dynamic extent"
+    return library[start:library.rfind(b"}\n") + 2].split(b"\x00")[0]
+
+
+def check_with_nvcc(source: bytes, tmp_path: Path) -> None:
+    """nvcc compiles ``source`` for sm_90 (skips where nvcc is not installed)."""
+    import shutil
+    import subprocess
+
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not installed: the CUDA source was not compiled")
     (tmp_path / "kernels.cu").write_bytes(source)

@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--uuid", help="the artifact's uuid (default: random)")
     comp.add_argument("--encrypt", action="store_true",
                       help=f"encrypt the artifact; the password comes from ${commands.PASSWORD_ENV} or a prompt")
+    comp.add_argument("--shape-bucket", action="append", metavar="'NAME=D0,D1,... [NAME=...]'",
+                      help="shape_buckets: also build the dynamic model for these exact input shapes, which then "
+                           "run as fast as a static artifact (repeatable: one bucket each)")
     comp.add_argument("--tuning-db", metavar="DIR", help="apply the tuned schedules of `forge tune` (no trials)")
     comp.add_argument("--verify", action="store_true",
                       help="check every scheduled function against its unscheduled form on random inputs "

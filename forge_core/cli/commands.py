@@ -18,7 +18,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from forge_core.cli.model_files import load_model
+from forge_core.cli.model_files import load_model, parse_buckets
 from forge_core.errors import FileAccessError, ForgeError, InputError
 from forge_core.files import StagedDirectory, StagedFile, check_directory_writable, check_file_writable, naming
 
@@ -213,6 +213,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
             force_overwrite=args.force,
             uuid=args.uuid,
             encrypt_password=password,
+            shape_buckets=parse_buckets(args.shape_bucket),
             progress=lambda step: status.update(step),
         )
     files = ", ".join(sorted(p.name for p in Path(path).iterdir()))

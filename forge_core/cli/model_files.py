@@ -35,7 +35,7 @@ def frontend_for(path: Path, explicit: str | None) -> str:
     return frontend
 
 
-def parse_shapes(entries: list[str] | None) -> dict[str, tuple[int, ...]] | None:
+def parse_shapes(entries: list[str] | None, flag: str = "--shape") -> dict[str, tuple[int, ...]] | None:
     """``["x=1,3,224,224", "mask=-1,128"]`` -> ``{"x": (1, 3, 224, 224), "mask": (-1, 128)}``."""
     if not entries:
         return None
@@ -43,12 +43,19 @@ def parse_shapes(entries: list[str] | None) -> dict[str, tuple[int, ...]] | None
     for entry in entries:
         name, sep, dims = entry.rpartition("=")
         if not sep or not name or not dims:
-            raise ForgeError(f"--shape {entry!r} must look like NAME=D0,D1,... (e.g. input=1,3,224,224)")
+            raise ForgeError(f"{flag} {entry!r} must look like NAME=D0,D1,... (e.g. input=1,3,224,224)")
         try:
             shapes[name] = tuple(int(d) for d in dims.split(","))
         except ValueError:
-            raise ForgeError(f"--shape {entry!r}: dimensions must be integers (-1 for dynamic)") from None
+            raise ForgeError(f"{flag} {entry!r}: dimensions must be integers (-1 for dynamic)") from None
     return shapes
+
+
+def parse_buckets(entries: list[str] | None) -> list[dict[str, tuple[int, ...]]] | None:
+    """``["x=1,3,224,224", "x=8,3,224,224 mask=8,128"]`` -> one ``shape_buckets`` entry per string."""
+    if not entries:
+        return None
+    return [parse_shapes(entry.split(), "--shape-bucket") or {} for entry in entries]
 
 
 def load_model(path_text: str, frontend: str | None, shapes: list[str] | None) -> Any:

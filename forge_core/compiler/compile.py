@@ -7,7 +7,8 @@ import errno
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,7 @@ import tvm
 
 from forge_core import __version__
 from forge_core.compiler.artifact import Artifact
+from forge_core.compiler.buckets import add_buckets, bucket_bindings
 from forge_core.compiler.metadata_builder import build_metadata, input_layouts, metadata_function
 from forge_core.compiler.options import CompileOptions
 from forge_core.compiler.pipeline import build, prepare_graph
@@ -106,6 +108,7 @@ def compile_module(
     force_overwrite: bool = False,
     uuid: str | None = None,
     encrypt_password: str | None = None,
+    shape_buckets: Sequence[Mapping[str, Sequence[int]]] | None = None,
     progress: Progress | None = None,
 ) -> Path:
     """Compile ``ir`` and write the artifact directory; returns its path. See ``IRModule.compile``."""
@@ -116,6 +119,9 @@ def compile_module(
         force_overwrite=force_overwrite, uuid=uuid, encrypt_password=encrypt_password,
     )
     tvm_target = resolve_target(target, host)
+    if shape_buckets is not None:  # before the long steps; add_buckets binds them after graph preparation
+        inputs = [var for var in ir.mod["main"].params if var.name not in ir.params]
+        bucket_bindings(inputs, ir.input_specs, shape_buckets)
     check_output_path(options.output_path, options.force_overwrite)
     toolchain = toolchain_for(tvm_target)
     manager = get_plugin_manager()
@@ -131,6 +137,11 @@ def compile_module(
     mod = weights.bind_params(ir.mod, ir.params)
     layouts = input_layouts(mod)
     mod = prepare_graph(mod, options, tvm_target)
+    buckets: list[dict[str, Any]] = []
+    if shape_buckets is not None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # warned when checked above
+            mod, buckets = add_buckets(mod, ir.input_specs, shape_buckets)
     document = build_metadata(
         options=options,
         target=tvm_target,
@@ -143,6 +154,8 @@ def compile_module(
         quantization=ir.quantization_info.to_json() if ir.quantization_info is not None else None,
         arrived_quantized=ir.is_quantized,
     )
+    if buckets:
+        document["shape_buckets"] = buckets
     final_ir = mod
     mod = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
     mod[schema.METADATA_FUNCTION] = metadata_function(document)

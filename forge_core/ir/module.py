@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -628,6 +628,8 @@ class IRModule(SignatureSurface):
         force_overwrite: bool = False,
         uuid: str | None = None,
         encrypt_password: str | None = None,
+        *,
+        shape_buckets: Sequence[Mapping[str, Sequence[int]]] | None = None,
     ) -> None:
         """Compiles the model for a specified target with various configuration options.
 
@@ -675,12 +677,20 @@ class IRModule(SignatureSurface):
                 with ``Runtime(library, key_path, password)``. An empty
                 password raises ``ValueError``; a weak one warns with
                 ``forge.WeakPasswordWarning``.
+            shape_buckets: For a model with dynamic dims, the sizes to build a
+                static copy of the model for, as ``[{"x": (1, 3, 224, 224)},
+                ...]`` (every input with a dynamic dim, in every bucket). The
+                artifact runs inputs of a bucket's shapes exactly on that copy,
+                as fast as a static artifact, and any other size on the generic
+                dynamic code. Each bucket adds its kernels, and where its
+                schedules repack weights a copy of them, to the library.
 
         Returns:
             None. The method writes ``output_path``.
 
         Raises:
-            ValueError: An invalid option, or a non-empty ``output_path``
+            ValueError: An invalid option (a shape bucket the model cannot
+                take names the input and its shape), or a non-empty ``output_path``
                 without ``force_overwrite``.
             forge.TargetError: An unknown tag or malformed target (the error
                 suggests close tag names).
@@ -697,7 +707,7 @@ class IRModule(SignatureSurface):
             self, target=target, host=host, output_path=output_path, opt_level=opt_level,
             set_float16=set_float16, set_channel_layout=set_channel_layout, export_relay=export_relay,
             export_metadata=export_metadata, force_overwrite=force_overwrite, uuid=uuid,
-            encrypt_password=encrypt_password,
+            encrypt_password=encrypt_password, shape_buckets=shape_buckets,
         )
 
     def tune(

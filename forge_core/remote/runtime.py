@@ -108,24 +108,29 @@ class RemoteRuntime(LoadedArtifact):
 
     # -- running ------------------------------------------------------------
 
-    def _remote_args(self, arrays: tuple[Any, ...]) -> list[Any]:
-        """The inputs checked against the signature and copied to the device."""
-        return [tvm.runtime.tensor(np.ascontiguousarray(a), self._device) for a in check_inputs(self._inputs, arrays)]
+    def _remote_args(self, arrays: tuple[Any, ...]) -> tuple[str, list[Any]]:
+        """The inputs checked against the signature and copied to the device, and the function that runs
+        them (a shape bucket's, or ``main``)."""
+        checked = check_inputs(self._inputs, arrays)
+        args = [tvm.runtime.tensor(np.ascontiguousarray(a), self._device) for a in checked]
+        return self._entry_function(checked), args
 
-    def _set_inputs(self, arrays: tuple[Any, ...]) -> None:
-        self._vm.set_input("main", *self._remote_args(arrays))
+    def _set_inputs(self, arrays: tuple[Any, ...]) -> str:
+        entry, args = self._remote_args(arrays)
+        self._vm.set_input(entry, *args)
+        return entry
 
     def infer(self, *arrays: Any) -> list[np.ndarray]:
         """Run the model on the board on numpy arrays (positionally); its outputs, brought back as numpy arrays."""
         with self._lock, _lost_session(self):
-            self._set_inputs(arrays)
-            self._vm.invoke_stateful("main")
-            return outputs_to_numpy(self._vm.get_outputs("main"))
+            entry = self._set_inputs(arrays)
+            self._vm.invoke_stateful(entry)
+            return outputs_to_numpy(self._vm.get_outputs(entry))
 
     __call__ = infer
 
     def latencies(self, *arrays: Any, repeat: int = 100, number: int = 1) -> np.ndarray:
-        """The latency of ``main`` in milliseconds, ``repeat`` times, timed on the board's clock.
+        """The latency of the model (``main``, or the shape bucket the inputs fit) in milliseconds, ``repeat`` times, timed on the board's clock.
 
         Each value is the mean of ``number`` runs; one run before them is not
         counted. Inputs as for :meth:`infer` (random ones when none are given).
@@ -133,9 +138,9 @@ class RemoteRuntime(LoadedArtifact):
         if repeat < 1 or number < 1:
             raise ValueError(f"repeat and number must be at least 1, given {repeat} and {number}")
         with self._lock, _lost_session(self):
-            self._set_inputs(arrays or tuple(self.example_inputs()))
+            entry = self._set_inputs(arrays or tuple(self.example_inputs()))
             timer = self._vm.time_evaluator("invoke_stateful", self._device, number=number, repeat=repeat)
-            result = timer("main")
+            result = timer(entry)
         return np.asarray(result.results, dtype=np.float64) * 1000.0
 
     def profile(self, *arrays: Any, repeat: int = 10) -> list[FunctionTime]:
@@ -156,7 +161,7 @@ class RemoteRuntime(LoadedArtifact):
                     f"with `forge rpc-server --tracker {self.tracker} --key {self.key}` for a per-function "
                     "profile (latencies() and `forge run` time the whole model with either server)"
                 ) from None
-            args = self._remote_args(arrays or tuple(self.example_inputs()))
+            _, args = self._remote_args(arrays or tuple(self.example_inputs()))  # the server profiles ``main``
             rows = json.loads(str(function(self._library, repeat, *args)))
         rules = dict(schedules.get("rules", {}))
         fallbacks = set(schedules.get("fallbacks", ()))

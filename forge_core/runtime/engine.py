@@ -8,6 +8,7 @@ import json
 import os
 import warnings
 import weakref
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,12 @@ class LoadedArtifact(SignatureSurface):
     _metadata: dict[str, Any]
     _inputs: list[TensorSpec]
     _outputs: list[TensorSpec]
+
+    def _entry_function(self, arrays: Sequence[Any]) -> str:
+        """The library function to run on ``arrays``: a shape bucket's when their shapes are its exactly,
+        else ``main`` (:mod:`forge_core.compiler.buckets`)."""
+        buckets = schema.bucket_functions(self._metadata)
+        return buckets.get(tuple(tuple(a.shape) for a in arrays), "main") if buckets else "main"
 
     def get_metadata(self) -> dict[str, Any]:
         """The artifact's metadata (see ``forge_core.runtime.metadata``), with the library file's SHA-256.
@@ -225,7 +232,8 @@ class Runtime(LoadedArtifact):
         del data
         self._sessions = VMSessions(self._module, device, int(target_cores) if target_cores else None)
         self.num_threads = self._sessions.num_threads
-        self._sessions.run(lambda vm: self._sessions.function(vm, "main"))  # no ``main``: fails here, not later
+        for name in ("main", *schema.bucket_functions(document).values()):  # a missing one fails here, not later
+            self._sessions.run(lambda vm, name=name: self._sessions.function(vm, name))
         self._inputs = [TensorSpec.from_json(spec) for spec in document["inputs"]]
         self._outputs = [TensorSpec.from_json(spec) for spec in document["outputs"]]
 
@@ -270,7 +278,7 @@ class Runtime(LoadedArtifact):
         checked = check_inputs(self._inputs, arrays)
         args = [to_device(a, self._device) for a in checked]
         with explained_run_errors(self._inputs, checked):
-            return self._sessions.call("main", *args, convert=outputs_to_numpy)
+            return self._sessions.call(self._entry_function(checked), *args, convert=outputs_to_numpy)
 
     __call__ = infer
 
@@ -285,8 +293,10 @@ class Runtime(LoadedArtifact):
         args = [to_device(a, self._device) for a in checked]
         schedules = self._metadata.get("schedules")
 
+        entry = self._entry_function(checked)
+
         def profile(vm: relax.VirtualMachine) -> list[FunctionTime]:
-            main = self._sessions.function(vm, "main")
+            main = self._sessions.function(vm, entry)
             main(*args)
             return profile_calls(vm, lambda: main(*args), repeat, schedules)
 

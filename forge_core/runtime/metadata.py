@@ -43,6 +43,10 @@ Schema, version 1 (``schema_version``)::
                      the rule that scheduled each kernel, and the kernels that
                      fell back to the generic schedule or to none (absent
                      from artifacts compiled before Forge recorded it)
+    shape_buckets    optional, present when compile(shape_buckets=...) specialized the model:
+                     [{"function": "main_bucket0", "inputs": {input name: shape}}], a function of
+                     the library per bucket, compiled for those exact shapes; the runtime calls
+                     the bucket whose shapes the inputs have, and "main" for any other size
     quantization     optional, present when quantize() made the module: its settings
                      (activation_dtype, kernel_dtype, bias_dtype, per_channel, calib_method,
                      quant_type, excluded) and "layers": {output node: {"kind", "node",
@@ -195,6 +199,13 @@ def library_document(data: bytes, name: str) -> dict[str, Any]:
     if document is None:
         raise ForgeError(f"{name} is not a Forge library: it carries no Forge metadata")
     return document
+
+
+def bucket_functions(document: dict[str, Any]) -> dict[tuple[tuple[int, ...], ...], str]:
+    """The document's shape buckets: the inputs' shapes, in input order -> the library function to call."""
+    names = [spec["name"] for spec in document["inputs"]]
+    return {tuple(tuple(int(d) for d in bucket["inputs"][name]) for name in names): str(bucket["function"])
+            for bucket in document.get("shape_buckets") or ()}
 
 
 def library_path(path: str | Path) -> Path:
