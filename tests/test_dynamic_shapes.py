@@ -279,6 +279,39 @@ def test_inputs_sharing_a_dynamic_dim_must_agree_on_it(tmp_path):
         runtime.infer(a, a[:, :3])
 
 
+# --- Resize by a scale that gives whole sizes at some sizes only ---------------------------------------------------
+
+@pytest.mark.parametrize("mode, scale, fine, refused", [
+    ("linear", 0.5, [(16, 20), (2, 8)], (15, 20)),
+    ("nearest", 1.5, [(4, 6), (8, 2)], (4, 5)),
+])
+def test_resize_scale_on_a_dynamic_axis_is_checked_when_the_model_runs(mode, scale, fine, refused, tmp_path):
+    """0.5 x 15 = 7.5: onnxruntime gives 7 rows, mapped with the scale 0.5, where TVM would map them with 7/15.
+    A static model is refused at import for it; a dynamic one runs at the sizes where the scaled extents are whole
+    and raises InputError naming the node at the others, never a wrong number."""
+    nodes = [_const("roi", np.zeros(0, np.float32)), _const("scales", np.array([1, 1, scale, scale], np.float32)),
+             oh.make_node("Resize", ["x", "roi", "scales"], ["y"], name="up", mode=mode)]
+    graph = oh.make_graph(nodes, "resize", [oh.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, "h", "w"])],
+                          [oh.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    data = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 13)], ir_version=8).SerializeToString()
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    ir = forge.from_onnx(data)
+    ir.compile(output_path=tmp_path / "a")
+    runtime = forge.Runtime(tmp_path / "a")
+    run = ir.get_inference_function()
+    rng = np.random.default_rng(11)
+    for h, w in fine:
+        x = rng.standard_normal((1, 2, h, w)).astype("float32")
+        want = session.run(None, {"x": x})[0]
+        close(run(x), want)
+        close(runtime.infer(x)[0], want)
+    x = rng.standard_normal((1, 2, *refused)).astype("float32")
+    for engine in (run, runtime.infer):
+        with pytest.raises(forge.InputError, match=r"x: \(1, 2, %d, %d\).*Resize 'up' scales dynamic extents"
+                           % refused):
+            engine(x)
+
+
 # --- other target classes -----------------------------------------------------------------------------------------
 
 def _plain_node_names(data: bytes) -> onnx.ModelProto:

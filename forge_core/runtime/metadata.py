@@ -137,6 +137,13 @@ JSON_SCHEMA: dict[str, Any] = {
             "properties": {"rules": {"type": "object", "additionalProperties": {"type": "string"}},
                            "fallbacks": {"type": "array", "items": {"type": "string"}}},
         },
+        "shape_buckets": {
+            "type": "array",
+            "items": {"type": "object", "required": ["function", "inputs"],
+                      "properties": {"function": {"type": "string"},
+                                     "inputs": {"type": "object", "additionalProperties": {
+                                         "type": "array", "items": {"type": "integer", "minimum": 0}}}}},
+        },
         "quantization": {
             "type": "object",
             "required": ["activation_dtype", "kernel_dtype", "bias_dtype", "per_channel", "calib_method",

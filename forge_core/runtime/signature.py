@@ -24,6 +24,10 @@ from forge_core.errors import InputError
 DYNAMIC_DIM = -1
 """How a dynamic (unknown until run time) dimension appears in shapes."""
 
+RUN_TIME_CHECK = "Forge run-time check: "
+"""How the message of a check that a converter compiles into a dynamic model starts (``R.assert_op``): a size
+the model cannot compute right at, found when it runs. The runtime raises :class:`InputError` with the message."""
+
 
 class SignatureSurface:
     """The input and output properties shared by ``IRModule``, ``Runtime`` and ``ONNXModule``.
@@ -176,10 +180,13 @@ def run_error(specs: Sequence[TensorSpec], arrays: Sequence[np.ndarray], error: 
     failure.
     """
     text = str(error)
+    given = ", ".join(f"{spec.name}: {format_shape(value.shape)}" for spec, value in zip(specs, arrays))
+    if RUN_TIME_CHECK in text:
+        check = text[text.index(RUN_TIME_CHECK) + len(RUN_TIME_CHECK):].strip().splitlines()[0]
+        return InputError(f"The model cannot run at these input sizes ({given}): {check}")
     if "match_cast" not in text and "ErrorContext" not in text:
         return None
     detail = next((line.strip() for line in text.splitlines() if "Check failed" in line), text.strip().splitlines()[-1])
-    given = ", ".join(f"{spec.name}: {format_shape(value.shape)}" for spec, value in zip(specs, arrays))
     allowed = ", ".join(f"{spec.name}: {format_shape(spec.shape, spec.dims)}" for spec in specs)
     return InputError(
         f"The model cannot run at these input sizes ({given}); it takes {allowed}, and at these sizes two of its "

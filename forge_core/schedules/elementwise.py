@@ -68,6 +68,7 @@ class Generic(dlight.ScheduleRule):
                 continue
             outer = loops[: max(1, min(leading, 3))]
             fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
-            if (extent(sch, fused) or 0) >= 2:
+            size = extent(sch, fused)
+            if size is None or size >= 2:  # None: symbolic (a dynamic dim), parallel whatever it is at run time
                 sch.parallel(fused)
         return sch

@@ -53,7 +53,7 @@ def parallel_vectorized(sch: s_tir.Schedule, block: s_tir.SBlockRV, lanes: int) 
     inner_extent = extent(sch, inner)
     total = 1
     for loop in loops:
-        total *= extent(sch, loop) or 1
+        total *= extent(sch, loop) or PARALLEL_MIN_ELEMENTS  # a symbolic extent (a dynamic dim): assume it large
     outer_loops = list(loops[:-1])
     if inner_extent and inner_extent > lanes and inner_extent % lanes == 0:
         outer, inner = sch.split(inner, [None, lanes])

@@ -12,10 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import tvm
 from tvm import relax
 
+from forge_core.runtime.signature import RUN_TIME_CHECK
 from forge_onnx.converters import ConverterContext
-from forge_onnx.converters.shapes import static_shape
+from forge_onnx.converters.shapes import static_or_symbolic_dims, static_shape
 
 
 def _values(expr: Any) -> np.ndarray | None:
@@ -51,21 +53,30 @@ def _same_nearest_pixels(size: int, scale: float, mode: str, nearest_mode: str) 
     return out > 0 and bool(np.array_equal(pick(scale), pick(out / size)))
 
 
-def _refuse_what_tvm_maps_differently(inputs: list[Any], attrs: dict[str, Any]) -> None:
+def _refuse_what_tvm_maps_differently(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
+                                      context: ConverterContext) -> None:
     """Refuse the Resize nodes whose coordinates TVM would map otherwise than ONNX: wrong numbers, no error.
 
     * ``align_corners`` to an output axis of size 1: TVM maps ``x * (in - 1) / (out - 1)`` and divides by zero.
     * ``scales`` whose output size is not whole (15 x 0.5 = 7.5 gives 7): ONNX maps coordinates
-      with the given scale, TVM with the ratio of the sizes, 7/15 here.
+      with the given scale, TVM with the ratio of the sizes, 7/15 here. On a dynamic axis the model is
+      checked when it runs (:func:`_check_whole_sizes`).
     """
     mode = _attr(attrs, "coordinate_transformation_mode", "half_pixel")
-    in_dims = static_shape(inputs[0]) if len(inputs) and inputs[0] is not None else None
-    if in_dims is None:
+    all_dims = static_or_symbolic_dims(inputs[0]) if len(inputs) and inputs[0] is not None else None
+    if all_dims is None:
         return
+    in_dims = [int(d.value) if isinstance(d, tvm.tirx.IntImm) else None for d in all_dims]
     padded = list(inputs) + [None] * (4 - len(inputs))
     scales, sizes = _values(padded[2]), _values(padded[3])
     if sizes is None and scales is not None and len(scales) == len(in_dims):
+        dynamic = [axis for axis, (d, scale) in enumerate(zip(in_dims, scales))
+                   if d is None and float(scale) != round(float(scale))]
+        if dynamic and mode not in ("align_corners", "tf_crop_and_resize"):
+            _check_whole_sizes(bb, [all_dims[a] for a in dynamic], [float(scales[a]) for a in dynamic], context)
         for axis, (d, scale) in enumerate(zip(in_dims, scales)):
+            if d is None:
+                continue
             exact = d * float(scale)
             if mode not in ("align_corners", "tf_crop_and_resize") and abs(exact - round(exact)) > 1e-6 and not (
                     _attr(attrs, "mode", "nearest") == "nearest"
@@ -75,6 +86,8 @@ def _refuse_what_tvm_maps_differently(inputs: list[Any], attrs: dict[str, Any]) 
                     f"ONNX maps coordinates with the scale and TVM with the ratio of the sizes, so the numbers "
                     f"would differ; give the output size (`sizes`) instead"
                 )
+        if any(d is None for d in in_dims):
+            return
         sizes = [int(np.floor(d * s)) for d, s in zip(in_dims, scales)]
     if mode != "align_corners" or sizes is None or len(sizes) != len(in_dims):
         return
@@ -86,10 +99,31 @@ def _refuse_what_tvm_maps_differently(inputs: list[Any], attrs: dict[str, Any]) 
             )
 
 
+def _check_whole_sizes(bb: relax.BlockBuilder, dims: list[Any], scales: list[float],
+                       context: ConverterContext) -> None:
+    """A check, when the model runs, that each dynamic extent times its scale is whole (an even height for 0.5):
+    at other sizes TVM's coordinates differ from ONNX's (see :func:`_refuse_what_tvm_maps_differently`).
+
+    Nearest-pixel resizing may pick the same pixels at some of those sizes; they are refused too.
+    """
+    extents = bb.emit(relax.op.shape_to_tensor(relax.ShapeExpr(dims)))
+    scaled = relax.op.multiply(relax.op.astype(extents, "float64"), relax.const(np.array(scales, "float64"), "float64"))
+    fractional = relax.op.sum(relax.op.astype(relax.op.not_equal(relax.op.floor(scaled), scaled), "int64"))
+    fine = relax.op.equal(fractional, relax.const(0, "int64"))
+    branch = context.branch_taken()
+    if branch is not None:
+        fine = relax.op.logical_or(relax.op.logical_not(branch), fine)
+    listed = ", ".join(f"{s:g}" for s in scales)
+    bb.emit(relax.op.assert_op(bb.emit(fine), [extents], (
+        f"{RUN_TIME_CHECK}Resize {context.node!r} scales dynamic extents {{}} by {listed}, which gives a size that "
+        f"is not whole: ONNX maps coordinates with the scale and TVM with the ratio of the sizes, so the numbers "
+        f"would differ. Give sizes whose scaled extents are whole (e.g. an even height for 0.5)")))
+
+
 def resize(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], context: ConverterContext) -> relax.Expr:
     """Resize with ``axes`` and ``keep_aspect_ratio_policy`` expanded to full-rank sizes."""
     if not attrs.get("axes"):
-        _refuse_what_tvm_maps_differently(inputs, attrs)
+        _refuse_what_tvm_maps_differently(bb, inputs, attrs, context)
     policy = attrs.get("keep_aspect_ratio_policy", b"stretch")
     policy = policy.decode() if isinstance(policy, bytes) else str(policy)
     axes = attrs.get("axes")

@@ -21,6 +21,7 @@ from onnx import numpy_helper
 import tvm
 from tvm import relax, tirx
 
+from forge_core.runtime.signature import RUN_TIME_CHECK
 from forge_onnx.constant_folding import MAX_FOLDED_ELEMENTS
 from forge_onnx.converters import ConverterContext
 from forge_onnx.symbolic_values import dims_analyzer, symbolic_ints
@@ -235,8 +236,8 @@ def squeeze(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], co
     others = relax.op.sum(relax.op.astype(relax.op.not_equal(extents, relax.const(1, "int64")), "int64"))
     all_one = bb.emit(relax.op.equal(others, relax.const(0, "int64")))
     fine = bb.emit(relax.op.logical_or(relax.op.logical_not(branch), all_one))
-    bb.emit(relax.op.assert_op(fine, [extents], f"Squeeze {context.node!r}: the axes {squeezed} to squeeze must "
-                                                 f"have extent 1 (ONNX requires it), given {{}}"))
+    bb.emit(relax.op.assert_op(fine, [extents], f"{RUN_TIME_CHECK}Squeeze {context.node!r}: the axes {squeezed} to "
+                                                 f"squeeze must have extent 1 (ONNX requires it), given {{}}"))
     dropped = bb.emit(relax.op.max(data, axis=squeezed, keepdims=True))
     return context.tvm_convert("Squeeze", [dropped, *inputs[1:]])
 
