@@ -188,9 +188,7 @@ def test_from_torch_keeps_the_batch_dynamic(model_name, route, tmp_path):
     (Forge exports with ``Dim.AUTO``): the batch stays dynamic, and the inference function and one artifact (with
     a bucket at batch 1) match the module at three batches.
 
-    A dynamic *sequence* through ``torch.export`` is not covered: the position embeddings, sliced from a table
-    of 64 to ``min(sequence, 64)``, cannot be related to the sequence (the import stops with TVM's "emit_te now
-    only supports Tensor that has ShapeExpr shape"); the ONNX route (``torchscript*-dynamic`` above) keeps it.
+    A dynamic sequence: the next test.
     """
     arch = ARCHITECTURES[model_name]
     model = arch.build(seed=4).eval()
@@ -215,3 +213,30 @@ def test_from_torch_keeps_the_batch_dynamic(model_name, route, tmp_path):
         want = reference(model, values)
         assert_matches_framework(run(*[v.numpy() for v in values]), want)
         assert_matches_framework(runtime.infer(*[v.numpy() for v in values]), want)
+
+
+def test_from_torch_with_a_dynamic_sequence_falls_back_to_onnx(caplog):
+    """With the sequence dynamic, ``torch.export`` slices BERT's position table of 64 to ``min(sequence, 64)``,
+    which Relax cannot relate to the sequence: the sum has no shape and nothing after it compiled ("emit_te now
+    only supports Tensor that has ShapeExpr shape"). Now the torch.export route refuses it naming the binding,
+    and ``from_torch`` takes the ONNX route, whose exporter keeps the sequence's own dim; the numbers match at
+    three (batch, sequence) sizes. An ExportedProgram has no ONNX route: the error names both."""
+    arch = ARCHITECTURES["bert"]
+    model = arch.build(seed=4).eval()
+    with caplog.at_level(logging.WARNING, logger="forge.torch"):
+        ir = forge.from_torch(model, [(name, ((-1, -1), "int64")) for name in arch.input_names])
+    assert any("loaded through ONNX" in r.getMessage() and "without a shape" in r.getMessage()
+               for r in caplog.records)
+    assert ir.input_shapes == [(-1, -1)] * 2
+    run = ir.get_inference_function()
+    for batch_size, length in [(1, 7), (3, 33), (8, 64)]:
+        values = arch.inputs(batch_size, length, seed=batch_size)
+        assert_matches_framework(run(*[v.numpy() for v in values]), reference(model, values))
+    inputs = arch.inputs(BATCH, LENGTH, seed=1)
+    batch, sequence = torch.export.Dim("batch", max=64), torch.export.Dim("sequence", max=64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.export.export(model, inputs, dynamic_shapes=tuple({0: batch, 1: sequence} for _ in inputs),
+                                      strict=False)
+    with pytest.raises(forge.ModelImportError, match=r"left 'lv\d+' \(relax.add of .*T.min\(s\d+, 64\).*without a shape"):
+        forge.from_torch(program)

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 import tvm
+from tvm import relax
 from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
 
 from forge_core.errors import ForgeError, ModelImportError, OperatorConversionError, UnsupportedOperatorError
@@ -68,7 +69,7 @@ def import_exported_program(
         raise ModelImportError(f"torch's decomposition to core ATen failed: {type(exc).__name__}: {first}") from exc
     check_operators(decomposed, custom_convert_map)
     try:
-        return _Importer().from_exported_program(
+        mod = _Importer().from_exported_program(
             decomposed,
             keep_params_as_input=False,
             unwrap_unit_return_tuple=True,
@@ -79,6 +80,34 @@ def import_exported_program(
         raise
     except Exception as exc:  # noqa: BLE001
         raise ModelImportError(f"TVM's exported-program importer failed: {type(exc).__name__}: {exc}") from exc
+    _check_shapes_known(mod)
+    return mod
+
+
+def _check_shapes_known(mod: tvm.IRModule) -> None:
+    """Refuse a module where an operator lost the shape its operands have (from_torch then takes the ONNX route).
+
+    With a dynamic sequence, BERT's embeddings ``(b, s, 32)`` are added to position embeddings sliced from a
+    table of 64, ``(1, min(s, 64), 32)``: Relax cannot relate ``s`` to ``min(s, 64)``, the sum keeps only its
+    rank, and nothing after it can be compiled. The ONNX exporter gives the slice the sequence's own dim.
+    """
+    for block in mod["main"].body.blocks:
+        for binding in block.bindings:
+            ty, value = binding.var.ty, binding.value
+            if not isinstance(ty, relax.TensorType) or isinstance(ty.shape, relax.ShapeExpr) \
+                    or not isinstance(value, relax.Call):
+                continue
+            tensors = [a for a in value.args if isinstance(getattr(a, "ty", None), relax.TensorType)]
+            # Operands with known shapes and a result without one: dims Relax cannot relate (not an
+            # operator whose output size depends on the data, such as nonzero).
+            if len(tensors) >= 2 and all(isinstance(a.ty.shape, relax.ShapeExpr) for a in tensors):
+                op = getattr(value.op, "name", str(value.op))
+                operands = [str(a.ty.shape) for a in tensors]
+                raise ModelImportError(
+                    f"TVM's exported-program importer left {binding.var.name!r} ({op} of {', '.join(operands)}) "
+                    "without a shape: the dynamic dims of its operands cannot be related (give those dims a "
+                    "static size in input_infos, or keep them dynamic through the ONNX route)"
+                )
 
 
 def export(model: torch.nn.Module, examples: tuple[torch.Tensor, ...], dynamic_shapes: Any) -> torch.export.ExportedProgram:
