@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -138,6 +139,10 @@ def test_cli_shape_bucket(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     recorded = json.loads((tmp_path / "out" / "model_metadata.json").read_text())["shape_buckets"]
     assert recorded == [{"function": "main_bucket0", "inputs": {"x": list(sizes[1])}}]
+    info = subprocess.run([sys.executable, "-m", "forge_core.cli", "info", str(tmp_path / "out")],
+                          capture_output=True, text=True, env=env, check=False)
+    assert info.returncode == 0, info.stderr[-2000:]
+    assert re.search(r"shape bucket\s+x=" + "x".join(map(str, sizes[1])) + r" \(main_bucket0\)", info.stdout)
     bad = subprocess.run([sys.executable, "-m", "forge_core.cli", "compile", str(tmp_path / "rec.onnx"), "-o",
                           str(tmp_path / "bad"), "--shape-bucket", "x=1,3,32"], capture_output=True, text=True,
                          env=env, check=False)

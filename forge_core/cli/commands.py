@@ -126,6 +126,9 @@ def _artifact_info(args: argparse.Namespace) -> int:
             shape = "?" if spec.get("shape") is None else "x".join(str(d) for d in spec["shape"])
             layout = f" {spec['layout']}" if spec.get("layout") else ""
             table.add_row(kind[:-1], f"{spec.get('name')}: {spec.get('dtype')}[{shape}]{layout}")
+    for bucket in document.get("shape_buckets") or ():
+        sizes = ", ".join(f"{name}=" + "x".join(str(d) for d in shape) for name, shape in bucket["inputs"].items())
+        table.add_row("shape bucket", f"{sizes} ({bucket['function']})")
     out.print(table, markup=False)
     if encrypted and args.key is None:
         out.print("The details above are read from the encrypted library's header; --key verifies them.",
