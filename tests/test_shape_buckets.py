@@ -55,23 +55,18 @@ def test_buckets_and_the_generic_code_match_onnxruntime(case, tmp_path):
 @pytest.mark.parametrize("opt_level", [0, 1, 2, 4])
 def test_detector_bucket_at_every_opt_level(opt_level, tmp_path):
     """At opt_level 3 (the test above) ``fast_math`` leaves a sigmoid over the dynamic extents; the other levels
-    fuse and fold differently, and a bucket must build and match at each."""
+    fuse and fold differently, and a bucket must build and match at each. At opt_level 2 the artifact is also
+    encrypted (one compile for both)."""
     factory, example_shape, axes, sizes, _, _ = CASES["detector"]
     data = export(benchmark_models.randomized(factory(), seed=5), torch.randn(example_shape), axes)
-    forge.from_onnx(data).compile(output_path=tmp_path / "a", opt_level=opt_level, shape_buckets=[{"x": sizes[1]}])
-    runtime = forge.Runtime(tmp_path / "a")
-    for x, want in references(data, sizes[:2]):
-        close(runtime.infer(x)[0], want)
-
-
-def test_encrypted_bucketed_artifact(tmp_path):
-    factory, example_shape, axes, sizes, _, _ = CASES["detector"]
-    data = export(benchmark_models.randomized(factory(), seed=6), torch.randn(example_shape), axes)
+    encrypted = opt_level == 2
+    password = "correct horse battery staple" if encrypted else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", forge.WeakPasswordWarning)
-        forge.from_onnx(data).compile(output_path=tmp_path / "enc", shape_buckets=[{"x": sizes[0]}],
-                                      encrypt_password="correct horse battery staple")
-    runtime = forge.Runtime(tmp_path / "enc", tmp_path / "enc" / "modelKey.bin", "correct horse battery staple")
+        forge.from_onnx(data).compile(output_path=tmp_path / "a", opt_level=opt_level,
+                                      shape_buckets=[{"x": sizes[1]}], encrypt_password=password)
+    runtime = (forge.Runtime(tmp_path / "a", tmp_path / "a" / "modelKey.bin", password) if encrypted
+               else forge.Runtime(tmp_path / "a"))
     assert runtime.get_metadata()["shape_buckets"][0]["function"] == "main_bucket0"
     for x, want in references(data, sizes[:2]):
         close(runtime.infer(x)[0], want)
