@@ -21,8 +21,10 @@ import pytest
 
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime is in the test extra")
 torch = pytest.importorskip("torch", reason="the torch extra is installed by ./scripts/setup")
+jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is in the test extra")
 
 import forge  # noqa: E402
+from forge_core.runtime import metadata as schema  # noqa: E402
 from test_dynamic_shapes import CASES, TinyDetector, benchmark_models, close, export, references  # noqa: E402
 
 BUCKETED = ["detector", "recognizer", "voice-activity"]
@@ -132,8 +134,12 @@ def test_cli_shape_bucket(tmp_path):
                            str(tmp_path / "out"), "--export-metadata", "--shape-bucket", bucket],
                           capture_output=True, text=True, env=env, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
-    recorded = json.loads((tmp_path / "out" / "model_metadata.json").read_text())["shape_buckets"]
-    assert recorded == [{"function": "main_bucket0", "inputs": {"x": list(sizes[1])}}]
+    metadata = json.loads((tmp_path / "out" / "model_metadata.json").read_text())
+    jsonschema.validate(metadata, schema.JSON_SCHEMA)
+    assert metadata["shape_buckets"] == [{"function": "main_bucket0", "inputs": {"x": list(sizes[1])}}]
+    wrong = {**metadata, "shape_buckets": [{"function": "main_bucket0", "inputs": {"x": [1, -3]}}]}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(wrong, schema.JSON_SCHEMA)
     info = subprocess.run([sys.executable, "-m", "forge_core.cli", "info", str(tmp_path / "out")],
                           capture_output=True, text=True, env=env, check=False)
     assert info.returncode == 0, info.stderr[-2000:]
