@@ -177,3 +177,21 @@ def test_bucketed_recognizer_builds_for_aarch64(tmp_path):
     forge.from_onnx(data).compile(target="llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a76",
                                   output_path=tmp_path / "arm", shape_buckets=[{"x": sizes[0]}])
     assert elf_machine((tmp_path / "arm" / "model_library.so").read_bytes()) == "aarch64"
+
+
+def test_bucket_checks_a_dim_that_is_an_expression_of_another():
+    """An importer may give an input a dim computed from another (``2 * n``): the bucket's size for it must be
+    that value."""
+    import tvm
+    from tvm import relax
+
+    from forge_core.compiler.buckets import bucket_bindings
+    from forge_core.runtime.signature import TensorSpec
+
+    n = tvm.tirx.Var("n", "int64")
+    x = relax.Var("x", relax.TensorType([n, n * 2], "float32"))
+    spec = TensorSpec("x", (-1, -1), "float32", ("n", "n * 2"))
+    ((values, shapes),) = bucket_bindings([x], [spec], [{"x": (3, 6)}])
+    assert {var.name: size for var, size in values.items()} == {"n": 3} and shapes == {"x": [3, 6]}
+    with pytest.raises(ValueError, match=r"the shape \(3, 5\), which the model does not take: x: \(n, n \* 2\)"):
+        bucket_bindings([x], [spec], [{"x": (3, 5)}])

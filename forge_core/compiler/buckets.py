@@ -25,8 +25,10 @@ from typing import Any
 import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
+from tvm.sym import Analyzer
 
 from forge_core.runtime.signature import TensorSpec, format_shape
+from forge_core.schedules.rewrite import substitute
 
 logger = logging.getLogger("forge.compile")
 
@@ -37,6 +39,11 @@ BUCKET_FUNCTION = "main_bucket{index}"
 def _takes(spec: TensorSpec) -> str:
     """``"x: (batch, 3, height, width)"``: an input and the shapes it takes."""
     return f"{spec.name}: {format_shape(spec.shape, spec.dims)}"
+
+
+def typed_values(values: Mapping[tvm.tirx.Var, int]) -> dict[tvm.tirx.Var, tvm.tirx.IntImm]:
+    """Each dim variable's value as an integer of the variable's own type (int64 dims stay int64)."""
+    return {var: tvm.tirx.IntImm(str(var.ty), size) for var, size in values.items()}
 
 
 def _bucket_shape(index: int, name: str, value: Any) -> tuple[int, ...]:
@@ -106,7 +113,7 @@ def bucket_bindings(params: Sequence[relax.Var], specs: Sequence[TensorSpec], bu
             for dim, size in zip(param.ty.shape.values, shapes[spec.name]):
                 if isinstance(dim, (tvm.tirx.Var, tvm.tirx.IntImm)):
                     continue
-                bound = tvm.arith.Analyzer().simplify(tvm.tirx.stmt_functor.substitute(dim, values))
+                bound = Analyzer().simplify(substitute(dim, list(typed_values(values).items())))
                 if not isinstance(bound, tvm.tirx.IntImm) or int(bound.value) != size:
                     raise ValueError(f"shape_buckets[{index}] gives input {spec.name!r} the shape "
                                      f"{tuple(shapes[spec.name])}, which the model does not take: {_takes(spec)} "
@@ -165,7 +172,6 @@ class _StaticKernels(PyExprMutator):
     def __init__(self, mod: tvm.IRModule) -> None:
         super().__init__(mod)
         self.mod = mod
-        self.copies: dict[str, tvm.ir.GlobalVar] = {}
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 (TVM's name)
         call = super().visit_call_(call)
@@ -199,9 +205,8 @@ def add_buckets(mod: tvm.IRModule, specs: Sequence[TensorSpec], buckets: Any) ->
     entries = []
     for index, (values, shapes) in enumerate(bindings):
         name = BUCKET_FUNCTION.format(index=index)
-        typed = {var: tvm.tirx.IntImm(str(var.ty), size) for var, size in values.items()}  # int64 dims stay int64
         rewriter = _StaticKernels(updated)
-        bound = main.bind_symbolic_vars(typed)
+        bound = main.bind_symbolic_vars(typed_values(values))
         body = rewriter.visit_expr(bound.body)
         updated = rewriter.builder_.get()
         updated[name] = relax.Function(bound.params, body, bound.ret_ty, bound.is_pure, bound.attrs,

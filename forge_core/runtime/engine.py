@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import os
@@ -94,11 +95,14 @@ class LoadedArtifact(SignatureSurface):
     _inputs: list[TensorSpec]
     _outputs: list[TensorSpec]
 
+    @functools.cached_property
+    def _buckets(self) -> dict[tuple[tuple[int, ...], ...], str]:
+        return schema.bucket_functions(self._metadata)
+
     def _entry_function(self, arrays: Sequence[Any]) -> str:
         """The library function to run on ``arrays``: a shape bucket's when their shapes are its exactly,
         else ``main`` (:mod:`forge_core.compiler.buckets`)."""
-        buckets = schema.bucket_functions(self._metadata)
-        return buckets.get(tuple(tuple(a.shape) for a in arrays), "main") if buckets else "main"
+        return self._buckets.get(tuple(tuple(a.shape) for a in arrays), "main")
 
     def get_metadata(self) -> dict[str, Any]:
         """The artifact's metadata (see ``forge_core.runtime.metadata``), with the library file's SHA-256.
@@ -232,7 +236,7 @@ class Runtime(LoadedArtifact):
         del data
         self._sessions = VMSessions(self._module, device, int(target_cores) if target_cores else None)
         self.num_threads = self._sessions.num_threads
-        for name in ("main", *schema.bucket_functions(document).values()):  # a missing one fails here, not later
+        for name in ("main", *self._buckets.values()):  # a missing one fails here, not later
             self._sessions.run(lambda vm, name=name: self._sessions.function(vm, name))
         self._inputs = [TensorSpec.from_json(spec) for spec in document["inputs"]]
         self._outputs = [TensorSpec.from_json(spec) for spec in document["outputs"]]
