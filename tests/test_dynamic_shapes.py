@@ -125,7 +125,7 @@ def references(data: bytes, sizes) -> list[tuple[np.ndarray, np.ndarray]]:
     return pairs
 
 
-def test_dynamic_model_runs_at_every_size(exported, tmp_path):
+def test_dynamic_model_runs_at_every_size(exported, tmp_path, caplog):
     name, data, axes, sizes, compile_it, refused = exported
     ir = forge.from_onnx(data)
     (shape,) = ir.input_shapes
@@ -139,7 +139,10 @@ def test_dynamic_model_runs_at_every_size(exported, tmp_path):
         run(np.zeros(refused, "float32"))
     if not compile_it:
         return
-    ir.compile(output_path=tmp_path / "artifact")
+    with caplog.at_level("WARNING", logger="forge.compile"):
+        ir.compile(output_path=tmp_path / "artifact")
+    dims = "(" + ", ".join(str(axes.get(axis, d)) for axis, d in enumerate(shape)) + ")"
+    assert f"input 'x' has dynamic dims {dims}" in caplog.text and "shape_buckets=" in caplog.text
     runtime = forge.Runtime(tmp_path / "artifact")
     assert runtime.input_shapes == [shape]
     assert runtime.get_metadata()["inputs"][0]["dims"] == [axes.get(axis, d) for axis, d in enumerate(shape)]
@@ -169,6 +172,40 @@ def test_static_shape_still_gives_a_static_module():
     assert ir.input_shapes == [(2, 3, 32, 40)]
     ((x, want),) = references(data, [(2, 3, 32, 40)])
     close(ir.get_inference_function()(x), want)
+
+
+def test_dynamic_module_splits_calibrates_on_mixed_sizes_quantizes_and_compiles(tmp_path):
+    """The rest of the user's path on a dynamic module (the detector: dynamic batch, height and width): the graph
+    API reads its symbolic shapes, split_tensors keeps its numbers, calibrate takes samples of different sizes,
+    and the quantized module runs at any size, in the inference function and in an artifact with one shape
+    bucket (static int8 kernels) and the generic code for the other sizes. The graph index raised AttributeError
+    on a symbolic dim (TVM 0.27 has no PrimExpr class), which stopped calibrate too."""
+    data = export(benchmark_models.randomized(TinyDetector(), seed=3), torch.randn(1, 3, 32, 48),
+                  {0: "batch", 2: "height", 3: "width"})
+    ir = forge.from_onnx(data)
+    assert "-1x3x-1x-1" in repr(ir.main.inputs[0])
+    convolutions = ir.operators["nn.conv2d"]
+    ir.split_tensors()
+    assert ir.is_split_tensors and ir.operators["nn.conv2d"] == 2 * convolutions
+    pairs = references(data, [(1, 3, 32, 48), (2, 3, 64, 32), (1, 3, 96, 128)])
+    split = ir.get_inference_function()
+    for x, want in pairs[:2]:
+        close(split(x), want)
+
+    rng = np.random.default_rng(11)
+    ir.calibrate([rng.standard_normal(size).astype("float32") for size in [(1, 3, 32, 48), (2, 3, 64, 32)]])
+    ir.quantize()
+    assert ir.is_quantized
+    quantized = ir.get_inference_function()
+    fake = [quantized(x) for x, _ in pairs]
+    for got, (_, want) in zip(fake, pairs):
+        assert got.shape == want.shape
+        assert np.abs(got - want).max() <= 0.05 * np.abs(want).max()  # int8's error on a sigmoid map
+    ir.compile(output_path=tmp_path / "int8", shape_buckets=[{"x": (1, 3, 32, 48)}])
+    runtime = forge.Runtime(tmp_path / "int8")
+    for (x, _), reference in zip(pairs, fake):  # the bucket's kernels, then the generic ones at two sizes
+        got = runtime.infer(x)[0]
+        assert np.abs(got - reference).max() <= 1e-2 * np.abs(reference).max()
 
 
 # --- Paddle2ONNX's shape arithmetic ------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from forge_core.errors import CompilationError, ForgeError
 from forge_core.ir import weights
 from forge_core.plugin_manager import get_plugin_manager
 from forge_core.runtime import metadata as schema
+from forge_core.runtime.signature import DYNAMIC_DIM, TensorSpec, format_shape
 from forge_core.targets.parsing import resolve_target
 
 if TYPE_CHECKING:
@@ -94,6 +95,18 @@ def _exporter_failed(exporter: Any, exc: BaseException) -> CompilationError:
     )
 
 
+def _note_generic_kernels(inputs: Sequence[TensorSpec]) -> None:
+    """Say, once per compile, that a dynamic model without shape buckets gets kernels for any size (slower)."""
+    dynamic = [spec for spec in inputs if spec.shape is not None and DYNAMIC_DIM in spec.shape]
+    if not dynamic:
+        return
+    logger.warning(
+        "%s: the artifact runs at any size, with kernels tiled for none, several times slower than a static "
+        "model's. For full speed at the sizes you run, name them with shape_buckets=[{input: shape}, ...] "
+        "(forge compile --shape-bucket), or fix the shape at import (shape=...) or with set_batch_size(n).",
+        "; ".join(f"input {spec.name!r} has dynamic dims {format_shape(spec.shape, spec.dims)}" for spec in dynamic))
+
+
 def compile_module(
     ir: IRModule,
     target: str | Mapping[str, Any] | tvm.target.Target = "llvm",
@@ -122,6 +135,8 @@ def compile_module(
     if shape_buckets is not None:  # before the long steps; add_buckets binds them after graph preparation
         inputs = [var for var in ir.mod["main"].params if var.name not in ir.params]
         bucket_bindings(inputs, ir.input_specs, shape_buckets)
+    else:
+        _note_generic_kernels(ir.input_specs)
     check_output_path(options.output_path, options.force_overwrite)
     toolchain = toolchain_for(tvm_target)
     manager = get_plugin_manager()

@@ -67,6 +67,11 @@ def _handle(obj: Any) -> int:
     return int(obj.__chandle__())
 
 
+def _is_prim_expr(value: Any) -> bool:
+    """A TIR expression (a symbolic dim ``n``, ``n * 2``): TVM 0.27 has no PrimExpr class; its type is a PrimType."""
+    return isinstance(value, tvm.ir.Expr) and isinstance(getattr(value, "ty", None), tvm.ir.PrimType)
+
+
 def python_value(value: Any) -> Any:
     """A TVM attribute or argument value as plain Python (ints, floats, strings, lists)."""
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -89,7 +94,7 @@ def python_value(value: Any) -> Any:
         return {str(k): python_value(v) for k, v in value.items()}
     if isinstance(value, tvm.ir.GlobalVar):
         return value.name_hint
-    if isinstance(value, tvm.tirx.PrimExpr) or type(value).__name__ in ("StringImm", "DataTypeImm"):
+    if _is_prim_expr(value) or type(value).__name__ in ("StringImm", "DataTypeImm"):
         inner = getattr(value, "value", None)
         return inner if isinstance(inner, str) else str(value)
     if hasattr(value, "__tvm_ffi_type_info__") and not isinstance(value, relax.Expr):
