@@ -11,11 +11,14 @@ computation itself is unchanged (transposes are exact).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import tvm
 from tvm import relax
 
 from forge_core.ir.naming import OUTPUT_NAMES_ATTR
+from forge_core.schedules.rewrite import substitute
+from forge_core.transforms.rebind import rebind
 
 _INNER_NAME = "forge_tf_inner_main"
 
@@ -34,6 +37,32 @@ def _outer_shape(inner: relax.TensorType, axes: Sequence[int]) -> relax.TensorTy
     for position, axis in enumerate(axes):
         outer[axis] = dims[position]
     return relax.TensorType(outer, inner.dtype)
+
+
+def _rebind_free_dims(func: relax.Function) -> relax.Function:
+    """``func`` with each free symbolic dim replaced by the defined dim of its name.
+
+    TVM 0.27's inliner gives the inlined body fresh symbolic dims and binds them
+    from the call's arguments, but leaves the old ones in a ``ShapeExpr`` that is
+    an operator's argument (a reshape's new shape ``R.shape([batch, 1000])``):
+    that dim is then defined nowhere, and the VM build fails ("PrimExpr ...
+    batch has not been computed"). Keras's MobileNet with a dynamic batch hit it.
+    """
+    defined = {str(var.name): var for var in relax.analysis.defined_symbolic_vars(func)}
+    mapping = {var: defined[str(var.name)] for var in relax.analysis.free_symbolic_vars(func)
+               if str(var.name) in defined}
+    if not mapping:
+        return func
+    pairs = list(mapping.items())
+
+    def dims_of_their_name(_binding: str, call: relax.Call, args: list[relax.Expr], _emit: Any) -> relax.Expr | None:
+        if not any(isinstance(arg, relax.ShapeExpr) for arg in args):
+            return None
+        args = [relax.ShapeExpr([substitute(dim, pairs) for dim in arg.values])
+                if isinstance(arg, relax.ShapeExpr) else arg for arg in args]
+        return relax.Call(call.op, args, call.attrs, call.ty_args)
+
+    return rebind(tvm.IRModule({"main": func}), rewrite_call=dims_of_their_name)
 
 
 def rewrite_main(
@@ -92,7 +121,7 @@ def rewrite_main(
             output = builder.emit_output(
                 relax.Tuple(reordered) if isinstance(main.ret_ty, relax.TupleType) else reordered[0])
         builder.emit_func_output(output)
-    wrapper = builder.get()["main"].inline_functions({inner_var: inner})
+    wrapper = _rebind_free_dims(builder.get()["main"].inline_functions({inner_var: inner}))
     attrs = dict(main.attrs) if main.attrs is not None else {}
     if OUTPUT_NAMES_ATTR in attrs:
         names = list(attrs[OUTPUT_NAMES_ATTR])
