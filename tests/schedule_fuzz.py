@@ -56,6 +56,8 @@ class Case:
     inputs: dict[str, np.ndarray] = field(default_factory=dict)
     initializers: list[onnx.TensorProto] = field(default_factory=list)
     output: str = ""
+    batched: list[str] = field(default_factory=list)
+    """Inputs whose first axis is the case's batch: dynamic (one dim shared by them) in a dynamic-batch pack."""
 
     def describe(self) -> str:
         return f"{self.family}({', '.join(f'{k}={v}' for k, v in self.params.items())})"
@@ -70,9 +72,11 @@ class _Builder:
     def name(self, base: str) -> str:
         return f"{self.prefix}_{base}"
 
-    def input(self, base: str, shape: Sequence[int]) -> str:
+    def input(self, base: str, shape: Sequence[int], batched: bool = False) -> str:
         name = self.name(base)
         self.case.inputs[name] = self.rng.standard_normal(tuple(shape)).astype(np.float32)
+        if batched:
+            self.case.batched.append(name)
         return name
 
     def weight(self, base: str, shape: Sequence[int], fan_in: int | None = None, positive: bool = False) -> str:
@@ -113,7 +117,7 @@ def _epilogue(b: _Builder, value: str, channels: int, out_shape: Sequence[int], 
             value = b.node("Clip", [value, lo, hi], "clip")
         return value
     if kind == "residual":
-        return b.node("Add", [value, b.input("skip", out_shape)], "residual")
+        return b.node("Add", [value, b.input("skip", out_shape, batched=True)], "residual")
     if kind == "batch_norm" and channel_axis == 1:
         c = [channels]
         args = [b.weight("gamma", c, positive=True), b.weight("beta", c), b.weight("mean", c),
@@ -177,7 +181,7 @@ def _conv_case(rng: np.random.Generator, b: _Builder, case: Case, dims: int, tra
                        pads=pads, dilations=dilations, group=group, epilogue=epilogue)
     if output_padding and any(output_padding):
         case.params["output_padding"] = output_padding
-    x = b.input("x", [batch, c_in, *spatial])
+    x = b.input("x", [batch, c_in, *spatial], batched=True)
     if transpose:
         w = b.weight("w", [c_in, c_out // group, *kernel], fan_in=c_in * int(np.prod(kernel)) // group)
     else:
@@ -216,17 +220,19 @@ def matmul(rng, b, case):
     epilogue = str(rng.choice(EPILOGUES[:5] + ("silu",)))
     case.params.update(kind=kind, batch=batch, m=m, k=k, n=n, epilogue=epilogue)
     if kind == "gemm":
-        x = b.input("x", [m, k])
+        x = b.input("x", [m, k], batched=True)
         w = b.weight("w", [n, k], fan_in=k)
         y = b.node("Gemm", [x, w, b.weight("c", [n])], "gemm", transB=1)
         out = [m, n]
     elif kind == "batched":
-        x = b.input("x", [*batch, m, k])
+        x = b.input("x", [*batch, m, k], batched=True)
         other_batch = [d if rng.random() < 0.7 else 1 for d in batch]
-        y = b.node("MatMul", [x, b.input("y", [*other_batch, k, n])], "matmul")
+        # y shares x's batch where it has it (not broadcast); a y without batch dims has k first: static.
+        shares = bool(batch) and other_batch[0] == batch[0] and len(other_batch) == len(batch)
+        y = b.node("MatMul", [x, b.input("y", [*other_batch, k, n], batched=shares)], "matmul")
         out = [*batch, m, n]
     else:
-        x = b.input("x", [*batch, m, k])
+        x = b.input("x", [*batch, m, k], batched=True)
         y = b.node("MatMul", [x, b.weight("w", [k, n], fan_in=k)], "matmul")
         out = [*batch, m, n]
     case.output = _epilogue(b, y, n, out, epilogue, len(out), channel_axis=len(out) - 1)
@@ -238,7 +244,7 @@ def pool(rng, b, case):
     c = int(rng.choice([1, 3, 16, 17, 32]))
     spatial = [int(rng.integers(3, 30)) for _ in range(dims)]
     case.params.update(kind=kind, c=c, spatial=spatial)
-    x = b.input("x", [1, c, *spatial])
+    x = b.input("x", [1, c, *spatial], batched=True)
     if kind.startswith("Global"):
         case.output = b.node(kind, [x], "pool")
         return
@@ -262,7 +268,7 @@ def reduction(rng, b, case):
     op = str(rng.choice(["ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceL2"]))
     keep = int(rng.integers(0, 2))
     case.params.update(op=op, shape=shape, axes=axes, keepdims=keep)
-    x = b.input("x", shape)
+    x = b.input("x", shape, batched=True)
     if op == "ReduceSum":
         case.output = b.node(op, [x, b.ints("axes", axes)], "reduce", keepdims=keep)
     else:
@@ -275,7 +281,7 @@ def normalization(rng, b, case):
     op = str(rng.choice(["Softmax", "LogSoftmax", "LayerNormalization"]))
     axis = int(rng.integers(-rank, rank)) if op != "LayerNormalization" else int(rng.choice([-1, -1, -2]))
     case.params.update(op=op, shape=shape, axis=axis)
-    x = b.input("x", shape)
+    x = b.input("x", shape, batched=op != "LayerNormalization" or len(shape) + axis > 0)
     if op == "LayerNormalization":
         norm_shape = shape[axis:]
         case.output = b.node(op, [x, b.weight("scale", norm_shape, positive=True), b.weight("b", norm_shape)],
@@ -308,7 +314,7 @@ def transpose(rng, b, case):
     shape = [int(rng.choice([1, 2, 3, 5, 8, 16, 33])) for _ in range(rank)]
     perm = [int(p) for p in rng.permutation(rank)]
     case.params.update(shape=shape, perm=perm)
-    case.output = b.node("Transpose", [b.input("x", shape)], "transpose", perm=perm)
+    case.output = b.node("Transpose", [b.input("x", shape, batched=True)], "transpose", perm=perm)
 
 
 def concat(rng, b, case):
@@ -319,7 +325,8 @@ def concat(rng, b, case):
     for i in range(int(rng.integers(2, 4))):
         part = list(shape)
         part[axis] = int(rng.integers(1, 9))
-        parts.append(b.input(f"x{i}", part))
+        # Along axis 0 each part has its own length: the first one's is the dynamic dim.
+        parts.append(b.input(f"x{i}", part, batched=i == 0 or axis % rank != 0))
     case.params.update(shape=shape, axis=axis, count=len(parts))
     relu = rng.random() < 0.5
     value = b.node("Concat", parts, "concat", axis=axis)
@@ -339,7 +346,7 @@ def resize(rng, b, case):
     if scale == 0.5:
         h, w = h + h % 2, w + w % 2  # a fractional output size is refused with an error (test_onnx_converters)
     case.params.update(c=c, h=h, w=w, mode=mode, coordinate_transformation_mode=ctm, scale=scale)
-    x = b.input("x", [1, c, h, w])
+    x = b.input("x", [1, c, h, w], batched=True)
     scales = b.name("scales")
     case.initializers.append(numpy_helper.from_array(np.array([1, 1, scale, scale], np.float32), scales))
     attrs: dict[str, Any] = dict(mode=mode, coordinate_transformation_mode=ctm)
@@ -366,18 +373,26 @@ class Pack:
     index: int
     options: dict[str, Any]
     cases: list[Case]
+    dynamic_batch: bool = False
+    """Each case's batched inputs take a dynamic first dim; the pack runs at two sizes of it."""
 
     @property
     def label(self) -> str:
         o = self.options
         return (f"seed{self.seed}-pack{self.index}-opt{o['opt_level']}-{o['set_channel_layout'] or 'default'}"
-                f"{'-fp16' if o['set_float16'] else ''}")
+                f"{'-fp16' if o['set_float16'] else ''}{'-dynamic-batch' if self.dynamic_batch else ''}")
+
+    def _dims(self, case: Case, slot: int, name: str, data: np.ndarray) -> list[int | str]:
+        dims: list[int | str] = list(data.shape)
+        if self.dynamic_batch and name in case.batched and dims:
+            dims[0] = f"batch{slot}"
+        return dims
 
     def model(self) -> onnx.ModelProto:
         nodes = [n for c in self.cases for n in c.nodes]
         inits = [i for c in self.cases for i in c.initializers]
-        inputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, list(data.shape))
-                  for c in self.cases for name, data in c.inputs.items()]
+        inputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, self._dims(c, slot, name, data))
+                  for slot, c in enumerate(self.cases) for name, data in c.inputs.items()]
         # Output shapes from onnx's shape inference.
         draft = helper.make_model(helper.make_graph(nodes, self.label, inputs, [], inits),
                                   opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
@@ -385,8 +400,16 @@ class Pack:
         outputs = [inferred[c.output] for c in self.cases]
         return make_model(nodes, inputs, outputs, inits, name=self.label, opset=OPSET)
 
-    def feeds(self) -> dict[str, np.ndarray]:
-        return {name: data for c in self.cases for name, data in c.inputs.items()}
+    def feeds(self, grow: int = 0) -> dict[str, np.ndarray]:
+        """The inputs; with ``grow``, each batched input's first axis ``grow`` longer (new random data)."""
+        feeds = {}
+        for slot, case in enumerate(self.cases):
+            rng = np.random.default_rng([self.seed, self.index, slot, grow])
+            for name, data in case.inputs.items():
+                if grow and self.dynamic_batch and name in case.batched:
+                    data = rng.standard_normal((data.shape[0] + grow, *data.shape[1:])).astype(np.float32)
+                feeds[name] = data
+        return feeds
 
 
 def make_case(seed: int, pack: int, slot: int, families: Sequence[str]) -> Case:
@@ -398,11 +421,13 @@ def make_case(seed: int, pack: int, slot: int, families: Sequence[str]) -> Case:
     return case
 
 
-def make_pack(seed: int, index: int, size: int = 6, families: Sequence[str] | None = None) -> Pack:
+def make_pack(seed: int, index: int, size: int = 6, families: Sequence[str] | None = None,
+              dynamic_batch: bool = False) -> Pack:
     families = list(families or FAMILIES)
     # 7 is prime to the 30 option sets: consecutive packs walk through all of them.
     options = OPTIONS[(index * 7 + seed) % len(OPTIONS)]
-    return Pack(seed, index, options, [make_case(seed, index, slot, families) for slot in range(size)])
+    return Pack(seed, index, options, [make_case(seed, index, slot, families) for slot in range(size)],
+                dynamic_batch)
 
 
 @dataclass
@@ -421,10 +446,12 @@ def run_pack(pack: Pack, artifact_dir: Path | None = None) -> list[Failure]:
     from forge_core.schedules.verify import verifying
 
     everything = ", ".join(c.describe() for c in pack.cases)
-    feeds = pack.feeds()
+    # A dynamic-batch pack runs at its cases' sizes and at batches 2 longer: one artifact, two sizes.
+    runs = [pack.feeds(), pack.feeds(grow=2)] if pack.dynamic_batch else [pack.feeds()]
     try:
         model = pack.model()
-        expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        expected = [session.run(None, feeds) for feeds in runs]
     except Exception as exc:  # noqa: BLE001 - a generator bug, not Forge's
         return [Failure(pack.label, everything, f"invalid case (onnx/onnxruntime rejects it): {exc}")]
     try:
@@ -432,24 +459,27 @@ def run_pack(pack: Pack, artifact_dir: Path | None = None) -> list[Failure]:
             ir = forge.from_onnx(model)
             if artifact_dir is not None:
                 ir.compile(output_path=artifact_dir, force_overwrite=True, **pack.options)
-                got = forge.Runtime(artifact_dir).infer(*[feeds[s.name] for s in ir.input_specs])
+                run = forge.Runtime(artifact_dir).infer
             else:
-                got = compile_to_function(ir, **pack.options)(*[feeds[s.name] for s in ir.input_specs])
+                run = compile_to_function(ir, **pack.options)
+            got = [run(*[feeds[s.name] for s in ir.input_specs]) for feeds in runs]
     except Exception as exc:  # noqa: BLE001 - every failure is a finding
         return [Failure(pack.label, everything, f"{type(exc).__name__}: {exc}")]
-    got = got if isinstance(got, list) else [got]
     failures = []
     tolerance = TOLERANCE[bool(pack.options["set_float16"])]
-    for case, want, have in zip(pack.cases, expected, got):
-        have = np.asarray(have)
-        if have.shape != want.shape:
-            failures.append(Failure(pack.label, case.describe(), f"shape {have.shape}, onnxruntime {want.shape}"))
-            continue
-        scale = max(1.0, float(np.abs(want).max(initial=0.0)))
-        error = float(np.abs(have.astype(np.float64) - want).max(initial=0.0))
-        if not error <= tolerance * scale:  # NaN fails too
-            failures.append(Failure(pack.label, case.describe(),
-                                    f"max |error| {error:.3g} > {tolerance * scale:.3g} (max |reference| {scale:.3g})"))
+    for size, (wants, haves) in enumerate(zip(expected, got)):
+        haves = haves if isinstance(haves, list) else [haves]
+        at = f" (batches {2 * size} longer)" if size else ""
+        for case, want, have in zip(pack.cases, wants, haves):
+            have = np.asarray(have)
+            if have.shape != want.shape:
+                failures.append(Failure(pack.label, case.describe(), f"shape {have.shape}, onnxruntime {want.shape}{at}"))
+                continue
+            scale = max(1.0, float(np.abs(want).max(initial=0.0)))
+            error = float(np.abs(have.astype(np.float64) - want).max(initial=0.0))
+            if not error <= tolerance * scale:  # NaN fails too
+                failures.append(Failure(pack.label, case.describe(), f"max |error| {error:.3g} > "
+                                        f"{tolerance * scale:.3g} (max |reference| {scale:.3g}){at}"))
     return failures
 
 
@@ -457,7 +487,7 @@ def isolate(pack: Pack) -> list[Failure]:
     """Re-run a failed pack one case at a time, to name the cases that fail."""
     failures = []
     for case in pack.cases:
-        failures += run_pack(Pack(pack.seed, pack.index, pack.options, [case]))
+        failures += run_pack(Pack(pack.seed, pack.index, pack.options, [case], pack.dynamic_batch))
     return failures
 
 
@@ -470,6 +500,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--first-pack", type=int, default=0)
     parser.add_argument("--pack", type=int, help="run just this pack (a failure's reproduction)")
     parser.add_argument("--families", help=f"comma-separated subset of: {', '.join(FAMILIES)}")
+    parser.add_argument("--dynamic-batch", action="store_true", help="batched inputs take a dynamic first dim")
     args = parser.parse_args(argv)
     families = args.families.split(",") if args.families else None
     deadline = time.monotonic() + args.minutes * 60
@@ -479,7 +510,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for index in indices:
         if packs >= args.packs or time.monotonic() > deadline:
             break
-        pack = make_pack(args.seed, index, args.size, families)
+        pack = make_pack(args.seed, index, args.size, families, args.dynamic_batch)
         try:
             found = run_pack(pack)
         except Exception:  # noqa: BLE001

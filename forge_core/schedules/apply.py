@@ -11,7 +11,8 @@ from tvm import relax, s_tir, tirx
 from tvm.s_tir import dlight
 
 from forge_core.passes import replace_functions
-from forge_core.schedules.blocks import blocks
+from forge_core.schedules.batch_loop import per_batch_item
+from forge_core.schedules.blocks import blocks, is_static
 from forge_core.schedules.conv2d import PREPACK, Conv2dNCHW
 from forge_core.schedules.conv_nd import ConvNCX, GroupedConvNCX
 from forge_core.schedules.conv_transpose import ConvTransposeNCHW
@@ -55,21 +56,35 @@ def apply_rules(mod: tvm.IRModule, target: tvm.target.Target, rules: Sequence[dl
         for gv, func in mod.functions.items():
             if not isinstance(func, tirx.PrimFunc) or _is_scheduled(func):
                 continue
-            for rule in rules:
-                name = type(rule).__name__
+            scheduled = None
+            if not is_static(func):  # a dynamic batch: the static schedule of one item, in a loop (batch_loop.py)
                 try:
-                    sch = rule.apply(func, target, False)
-                except Exception as exc:  # noqa: BLE001 - see the docstring
-                    logger.debug("rule %s failed on %s: %s", name, gv.name_hint, exc)
-                    continue
-                if sch is None:
-                    continue
-                if isinstance(sch, list):
-                    sch = sch[0]
-                scheduled = sch.mod["main"].with_attr(SCHEDULED_ATTR, True).with_attr(RULE_ATTR, name)
+                    scheduled = per_batch_item(func, lambda item: _first_rule(item, target, rules, gv.name_hint))
+                except Exception as exc:  # noqa: BLE001 - see the docstring: the symbolic path takes it
+                    logger.debug("per-batch-item schedule failed on %s: %s", gv.name_hint, exc)
+            if scheduled is None:
+                scheduled = _first_rule(func, target, rules, gv.name_hint)
+            if scheduled is not None:
                 updated[gv] = scheduled
-                break
     return replace_functions(mod, updated)
+
+
+def _first_rule(func: tirx.PrimFunc, target: tvm.target.Target, rules: Sequence[dlight.ScheduleRule],
+                name_hint: str) -> tirx.PrimFunc | None:
+    """``func`` scheduled by the first rule that takes it, marked with the rule's name; None if none does."""
+    for rule in rules:
+        name = type(rule).__name__
+        try:
+            sch = rule.apply(func, target, False)
+        except Exception as exc:  # noqa: BLE001 - see apply_rules
+            logger.debug("rule %s failed on %s: %s", name, name_hint, exc)
+            continue
+        if sch is None:
+            continue
+        if isinstance(sch, list):
+            sch = sch[0]
+        return sch.mod["main"].with_attr(SCHEDULED_ATTR, True).with_attr(RULE_ATTR, name)
+    return None
 
 
 def _has_prepack(func: tirx.PrimFunc) -> bool:

@@ -41,6 +41,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
 
 from forge_core.errors import CompilationError
+from forge_core.schedules.batch_loop import BATCH_LOOP_ATTR
 
 logger = logging.getLogger("forge.verify")
 
@@ -355,6 +356,24 @@ def _first_mismatch(params: list[tuple[str, tuple[int, ...], str, bool]], expect
     return None
 
 
+VERIFIED_BATCH = 3
+"""The batch a function scheduled per batch item is verified at (several items, each through its view)."""
+
+
+def _with_batch(original: tirx.PrimFunc, scheduled: tirx.PrimFunc, batch: int) -> tuple[tirx.PrimFunc, tirx.PrimFunc]:
+    """Both functions with their batched buffers' first dim bound to ``batch``."""
+    def bound(func: tirx.PrimFunc) -> tirx.PrimFunc:
+        static = {}
+        for param in func.params:
+            dims = list(getattr(param.ty, "shape", None) or ())
+            if dims and not isinstance(dims[0], (int, tirx.IntImm)):
+                static[param] = tirx.decl_buffer([tirx.IntImm(str(dims[0].ty), batch), *dims[1:]],
+                                                 str(param.ty.dtype), str(param.name))
+        return func.specialize(static)
+
+    return bound(original), bound(scheduled)
+
+
 def verify_schedules(before: tvm.IRModule, after: tvm.IRModule, target: tvm.target.Target,
                      default_rule: str) -> VerificationReport:
     """Verify every PrimFunc of ``after`` that differs from the same function in ``before``.
@@ -376,6 +395,10 @@ def verify_schedules(before: tvm.IRModule, after: tvm.IRModule, target: tvm.targ
         rule = str(func.attrs[RULE_ATTR]) if func.attrs is not None and RULE_ATTR in func.attrs else default_rule
         name = gv.name_hint
         try:
+            if func.attrs is not None and BATCH_LOOP_ATTR in func.attrs:
+                # The loop over the batch and the item views are checked with the batch bound to a size.
+                rule = f"{rule} per batch item"
+                original, func = _with_batch(original, func, VERIFIED_BATCH)
             skipped = verify_function(name, rule, original, func, target)
         except ScheduleVerificationError:
             raise
