@@ -37,15 +37,20 @@ class Declining(dlight.ScheduleRule):
             return None
 
 
-def gpu_legalize_passes() -> list[tvm.transform.Pass]:
-    """TVM's GPU legalization and fusion, then its dlight rules, each declining where it fails."""
+def gpu_rules() -> list[dlight.ScheduleRule]:
+    """TVM's dlight GPU rules in TVM's order, each declining where it fails."""
     rules = [dlight.gpu.Matmul(), dlight.gpu.GEMV(), dlight.gpu.Reduction(), dlight.gpu.GeneralReduction(),
              dlight.gpu.Fallback()]
+    return [Declining(rule) for rule in rules]
+
+
+def gpu_legalize_passes() -> list[tvm.transform.Pass]:
+    """TVM's GPU legalization and fusion, then its dlight rules, each declining where it fails."""
     return [
         tvm.relax.transform.LegalizeOps(),
         tvm.relax.transform.AnnotateTIROpPattern(),
         tvm.relax.transform.FoldConstant(),
         tvm.relax.transform.FuseOps(),
         tvm.relax.transform.FuseTIR(),
-        dlight.ApplyDefaultSchedule(*(Declining(rule) for rule in rules)),
+        dlight.ApplyDefaultSchedule(*gpu_rules()),
     ]

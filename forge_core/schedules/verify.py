@@ -28,11 +28,13 @@ and functions with symbolic shapes are not verified, and the log says so.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import tvm
@@ -52,6 +54,9 @@ _SEED = 20261123
 _forced = 0
 # (hash of the unscheduled function, hash of the scheduled one, target) already checked in this process.
 _verified: set[tuple[int, int, str]] = set()
+CACHE_ENV_VAR = "FORGE_VERIFY_CACHE"
+"""A directory where verified functions are remembered across processes (the test suite's workers and the
+CLI subprocesses it starts share one); unset, each process checks each function once."""
 # The failure raised inside TVM's pass infrastructure, which re-raises it as another type.
 _failure = threading.local()
 
@@ -308,7 +313,7 @@ def verify_function(name: str, rule: str, original: tirx.PrimFunc, scheduled: ti
         return "it calls instructions of the target that this host cannot run"
     key = (tvm_ffi.structural_hash(original, map_free_vars=True), tvm_ffi.structural_hash(scheduled, map_free_vars=True),
            str(host))
-    if key in _verified:
+    if key in _verified or _remembered(key):
         return None
     # A function that computes in float16 inside (set_float16 casts) is held to float16's tolerance.
     tolerance = max((TOLERANCE.get(d, 0.0) for d in analysis.dtypes), default=0.0)
@@ -324,6 +329,7 @@ def verify_function(name: str, rule: str, original: tirx.PrimFunc, scheduled: ti
     mismatch = _first_mismatch(params, expected, got, tolerance)
     if mismatch is None:
         _verified.add(key)
+        _remember(key)
         return None
     # Before blaming the schedule, the reference runs again: an unscheduled function that reads memory it does
     # not own on these inputs (an input that shapes addresses in a way the checker does not see) gives other
@@ -335,6 +341,33 @@ def verify_function(name: str, rule: str, original: tirx.PrimFunc, scheduled: ti
     buffer, error, scale, allowed = mismatch
     _fail(ScheduleVerificationError(name, rule, buffer, error, scale, allowed))
     return None  # unreachable: _fail raises
+
+
+def _cache_file(key: tuple[int, int, str]) -> Path | None:
+    directory = os.environ.get(CACHE_ENV_VAR, "").strip()
+    if not directory:
+        return None
+    digest = hashlib.sha256(repr(key).encode()).hexdigest()
+    return Path(directory) / digest
+
+
+def _remembered(key: tuple[int, int, str]) -> bool:
+    path = _cache_file(key)
+    if path is None or not path.exists():
+        return False
+    _verified.add(key)
+    return True
+
+
+def _remember(key: tuple[int, int, str]) -> None:
+    path = _cache_file(key)
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+    except OSError as exc:  # a cache that cannot be written costs time, never a compile
+        logger.debug("verification cache %s not written: %s", path, exc)
 
 
 def _first_mismatch(params: list[tuple[str, tuple[int, ...], str, bool]], expected: list[np.ndarray],
