@@ -102,12 +102,18 @@ def batch_var(func: tirx.PrimFunc) -> tirx.Var | None:
         if len(items) > 1:
             ok = False
             return block
+        if touched and any(not any(r.source.same_as(b) for b in batched) for r in block.writes):
+            ok = False  # a batched stage writing an unbatched buffer: the items would overwrite each other
+            return block
         for iv in block.iter_vars:
             extent = iv.dom.extent
-            if _is_static([extent]):
+            is_item = iv.var.__chandle__() in items
+            if _is_static([extent]) and not is_item:
                 continue
-            if not (iv.var.__chandle__() in items and isinstance(extent, tirx.Var) and extent.same_as(batch)
-                    and iv.iter_type == tirx.IterVar.DataPar):
+            # The item iterator spans the whole batch, from 0: one item a block instance (an iterator over
+            # [0, 1) on a batched buffer reads item 0 only, which the loop would make every item in turn).
+            if not (is_item and isinstance(extent, tirx.Var) and extent.same_as(batch)
+                    and _is_static([iv.dom.min]) and int(iv.dom.min) == 0 and iv.iter_type == tirx.IterVar.DataPar):
                 ok = False
                 return block
         return block
