@@ -9,6 +9,9 @@ loop). End to end, the dynamic-batch models of test_dynamic_shapes.py and the fu
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import tvm
@@ -140,3 +143,36 @@ def test_a_static_kernel_has_no_batch():
     x = te.placeholder((2, 6), "float32", name="x")
     assert batch_var(_func([x, topi.exp(x)])) is None
     assert per_batch_item(_func([x, topi.exp(x)]), _schedule) is None
+
+
+def test_an_int8_model_with_a_dynamic_batch_gives_its_static_bucket_bit_for_bit_and_builds_for_vnni(tmp_path):
+    """int8 convolutions over a dynamic batch, per item: the same bits as a static copy of the model at that batch
+    (a shape bucket); and for AVX-512 VNNI and AVX-VNNI, whose tensorized stages match the activation with 64-byte
+    alignment (an item view has the alignment of its offset: a build failed there until views carried it)."""
+    import io
+
+    import forge
+
+    torch = pytest.importorskip("torch", reason="the torch extra is installed by ./scripts/setup")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import models as benchmark_models
+
+    model = benchmark_models.randomized(benchmark_models.MobileNetV2(), seed=3)  # wide enough for the VNNI stages
+    buffer = io.BytesIO()
+    torch.onnx.export(model.eval(), (torch.randn(1, 3, 32, 32),), buffer, input_names=["x"], opset_version=17,
+                      dynamo=False, dynamic_axes={"x": {0: "batch"}})
+    ir = forge.from_onnx(buffer.getvalue())
+    rng = np.random.default_rng(5)
+    ir.calibrate([rng.standard_normal((b, 3, 32, 32)).astype("float32") for b in (1, 2)])
+    ir.quantize()
+    ir.compile(output_path=tmp_path / "host", shape_buckets=[{"x": (3, 3, 32, 32)}])
+    runtime = forge.Runtime(tmp_path / "host")
+    x = rng.standard_normal((3, 3, 32, 32)).astype("float32")
+    bucket = runtime.infer(x)[0]
+    per_item = runtime.infer(np.concatenate([x, x[:1]]))[0]  # batch 4: the generic code, per item
+    np.testing.assert_array_equal(per_item[:3], bucket)
+    np.testing.assert_array_equal(per_item[3], bucket[0])
+    want = ir.get_inference_function()(x)
+    assert np.abs(bucket - want).max() <= 0.02 * np.abs(want).max()  # int8 against its fake-quantized reference
+    for mcpu in ("cascadelake", "alderlake"):
+        ir.compile(target={"kind": "llvm", "mcpu": mcpu}, output_path=tmp_path / mcpu)

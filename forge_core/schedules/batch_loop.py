@@ -17,6 +17,7 @@ rules' symbolic path.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import tvm
@@ -166,6 +167,21 @@ def _touched(stmt: tirx.Stmt) -> tuple[list[object], list[object]]:
     return reads, writes
 
 
+def _needs_alignment(body: tirx.Stmt, buffer: object) -> int:
+    """The largest alignment a block's ``match_buffer`` of ``buffer`` requires (a tensor intrinsic's operand)."""
+    needed = 1
+
+    def visit(block: s_tir.SBlock) -> s_tir.SBlock:
+        nonlocal needed
+        for match in block.match_buffers:
+            if match.source.source.same_as(buffer):
+                needed = max(needed, int(match.buffer.ty.data_alignment))
+        return block
+
+    tvm_ffi.structural_map(body, [(s_tir.SBlock, visit)])
+    return needed
+
+
 def _contains(buffers: list[object], buffer: object) -> bool:
     return any(buffer.same_as(b) for b in buffers)
 
@@ -202,9 +218,12 @@ def per_batch_item(func: tirx.PrimFunc, schedule: Callable[[tirx.PrimFunc], tirx
         stride = 1
         for dim in dims[1:]:
             stride *= int(dim)
-        # Element alignment only: an item's offset is a multiple of its size, not of the vector width.
+        # Every item starts at the buffer's own alignment (64 bytes) plus a multiple of the item's size in bytes.
+        alignment = math.gcd(int(original.ty.data_alignment), stride * max(1, tvm.DataType(dtype).bits // 8))
+        if _needs_alignment(scheduled.body, inner) > alignment:
+            return None  # a tensorized stage matches the buffer with more alignment than every item has
         view = tirx.decl_buffer(dims, dtype, str(inner.name), elem_offset=item * tirx.IntImm(str(batch.ty), stride),
-                                data_alignment=max(1, tvm.DataType(dtype).bits // 8), offset_factor=1)
+                                data_alignment=alignment, offset_factor=1)
         views.append(tirx.DeclBuffer(view, data=tirx.buffer_data(original)))
         pairs.append((inner, view))
         inner_batched.append(inner)
