@@ -32,8 +32,8 @@ def fresh_plugins(monkeypatch):
 # ``-n 2 --dist loadfile --no-loadscope-reorder``) neither ends with a long file started last while the
 # other idles. Seconds from `./scripts/test --durations=0` on 2026-11-24.
 LONGEST_FIRST = (
-    "test_onnx_conformance.py",  # 500 s, in two processes of its own (2026-11-27: less its 9 light models)
-    "test_compile.py",  # 370
+    "test_onnx_conformance.py",  # 500 s, in two processes of its own
+    "test_compile.py",  # 370 (2026-11-27: 3 light models of 9 verified; DenseNet-121's alone was 343 s loaded)
     "test_keras_applications.py",  # 350
     "test_tuning.py",  # 275 before the search's import was trimmed
     "test_dynamic_shapes.py",  # 250 (2026-11-27: less the DBNet CUDA build, 106; + calibration and MobileNetV2, 100)

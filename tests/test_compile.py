@@ -40,11 +40,20 @@ def test_all_nine_light_models_are_found():
     assert len(LIGHT_MODELS) == 9, LIGHT_MODELS
 
 
-@pytest.mark.parametrize("name", LIGHT_MODELS)
+# Three of the nine, of different operator mixes (residual bottlenecks; channel shuffle and grouped convolutions;
+# fire modules' concatenations). The conformance test compiles all nine (without verification) against the same
+# references; verification made DenseNet-121 alone take 343 s here, the suite's longest test but one.
+VERIFIED_LIGHT_MODELS = ["resnet50", "shufflenet", "squeezenet"]
+
+
+def test_the_verified_light_models_are_among_them():
+    assert set(VERIFIED_LIGHT_MODELS) <= set(LIGHT_MODELS)
+
+
+@pytest.mark.parametrize("name", VERIFIED_LIGHT_MODELS)
 def test_light_model_compiles_and_runs_in_a_fresh_process(name, tmp_path):
-    """The onnx wheel's 9 model-zoo "light" graphs, compiled in verification mode, against their stored
-    references (rtol 1e-3, atol 1e-5, as onnx's backend runner checks them; the conformance test leaves them to
-    this one)."""
+    """Model-zoo "light" graphs the onnx wheel ships, compiled in verification mode and run in a fresh process,
+    against their stored references (rtol 1e-3, atol 1e-5, as onnx's backend runner checks them)."""
     path = light_model_path(name)
     ir = forge.from_onnx(path)
     out = tmp_path / name

@@ -32,13 +32,6 @@ def test_the_whole_suite_keeps_every_listed_case_passing(monkeypatch):
     cases = all_cases()
     listed = read_passing()
     assert listed <= set(cases), sorted(listed - set(cases))[:10]
-    # The 9 model-zoo "light" models are compiled (verified), run in a fresh process and compared with these same
-    # references by test_compile.py::test_light_model_compiles_and_runs_in_a_fresh_process: not twice here, where
-    # they cost more than the other 2,000 cases.
-    light = {case for case, category in cases.items() if category == "light"}
-    assert len(light) == 9, sorted(light)
-    cases = {case: category for case, category in cases.items() if case not in light}
-    listed -= light
     results = run_cases("forge", sorted(cases), jobs=2)
     passing = {case for case, result in results.items() if result.status == "pass"}
     newly = sorted(passing - listed)
