@@ -21,8 +21,11 @@ host CPU: the target itself when the host runs it, the target less the
 extensions this CPU lacks when it has not all of them (``-mcpu=znver4`` on an
 AVX2 machine), generic LLVM for a cross target (the schedule's loop structure
 is what is checked; a function that calls the target's own instructions,
-VNNI's or Arm's ``sdot``, is then not verified, and the log says so). GPU targets' functions
-and functions with symbolic shapes are not verified, and the log says so.
+VNNI's or Arm's ``sdot``, is then not verified, and the log says so). A function scheduled per
+batch item (``batch_loop.py``) is verified with its batch bound to :data:`VERIFIED_BATCH`; GPU
+targets' functions and other functions with symbolic shapes are not verified, and the log says so.
+With ``FORGE_VERIFY_CACHE`` set to a directory, a function verified once is remembered there
+across processes.
 """
 
 from __future__ import annotations
