@@ -186,6 +186,18 @@ def _contains(buffers: list[object], buffer: object) -> bool:
     return any(buffer.same_as(b) for b in buffers)
 
 
+def batch_bound(func: tirx.PrimFunc, size: int) -> dict[object, object]:
+    """Each parameter with a dynamic first dim -> a buffer of the same type with that dim ``size``, for
+    ``func.specialize``."""
+    bound = {}
+    for param in func.params:
+        dims = list(getattr(param.ty, "shape", None) or ())
+        if dims and not _is_static(dims[:1]):
+            bound[param] = tirx.decl_buffer([tirx.IntImm(str(dims[0].ty), size), *dims[1:]], str(param.ty.dtype),
+                                            str(param.name))
+    return bound
+
+
 def per_batch_item(func: tirx.PrimFunc, schedule: Callable[[tirx.PrimFunc], tirx.PrimFunc | None]
                    ) -> tirx.PrimFunc | None:
     """``func`` scheduled as ``schedule`` schedules its batch-of-1 form, in a loop over the batch; or None.
@@ -196,9 +208,8 @@ def per_batch_item(func: tirx.PrimFunc, schedule: Callable[[tirx.PrimFunc], tirx
     batch = batch_var(func)
     if batch is None:
         return None
-    one = tirx.IntImm(str(batch.ty), 1)
-    single = {param: tirx.decl_buffer([one, *list(param.ty.shape)[1:]], str(param.ty.dtype), str(param.name))
-              for param in func.params if not _is_static(list(param.ty.shape))}
+    single = batch_bound(func, 1)
+    batched_params = {param.__chandle__() for param in single}
     scheduled = schedule(func.specialize(single))
     if scheduled is None or len(scheduled.params) != len(func.params):
         return None
@@ -211,7 +222,7 @@ def per_batch_item(func: tirx.PrimFunc, schedule: Callable[[tirx.PrimFunc], tirx
     pairs: list[tuple[tirx.Var, object]] = []
     inner_batched: list[object] = []
     for original, inner in zip(func.params, scheduled.params):
-        if original.__chandle__() not in {p.__chandle__() for p in single}:
+        if original.__chandle__() not in batched_params:
             continue
         dims = list(inner.ty.shape)
         dtype = str(inner.ty.dtype)

@@ -46,7 +46,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
 
 from forge_core.errors import CompilationError
-from forge_core.schedules.batch_loop import BATCH_LOOP_ATTR
+from forge_core.schedules.batch_loop import BATCH_LOOP_ATTR, batch_bound
 
 logger = logging.getLogger("forge.verify")
 
@@ -398,16 +398,7 @@ VERIFIED_BATCH = 3
 
 def _with_batch(original: tirx.PrimFunc, scheduled: tirx.PrimFunc, batch: int) -> tuple[tirx.PrimFunc, tirx.PrimFunc]:
     """Both functions with their batched buffers' first dim bound to ``batch``."""
-    def bound(func: tirx.PrimFunc) -> tirx.PrimFunc:
-        static = {}
-        for param in func.params:
-            dims = list(getattr(param.ty, "shape", None) or ())
-            if dims and not isinstance(dims[0], (int, tirx.IntImm)):
-                static[param] = tirx.decl_buffer([tirx.IntImm(str(dims[0].ty), batch), *dims[1:]],
-                                                 str(param.ty.dtype), str(param.name))
-        return func.specialize(static)
-
-    return bound(original), bound(scheduled)
+    return original.specialize(batch_bound(original, batch)), scheduled.specialize(batch_bound(scheduled, batch))
 
 
 def verify_schedules(before: tvm.IRModule, after: tvm.IRModule, target: tvm.target.Target,
