@@ -261,6 +261,44 @@ def test_reshape_to_a_shape_computed_from_dynamic_dims(case):
         close(run(x), want)
 
 
+# --- Slice with open ends on dynamic axes (tf2onnx, the torch exporters) ------------------------------------------
+
+INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1
+OPEN_END_SLICES = {
+    # tf2onnx's Cropping2D: every axis sliced, the batch whole with an INT32_MAX end; added to a branch cropped
+    # the other way, so the two extents must be proven equal (TVM's FuseTIR recursed without end: a crash)
+    "crop-every-axis": [_const("b0", [0, 0, 1, 0]), _const("e0", [INT32_MAX, INT32_MAX, INT32_MAX, INT32_MAX]),
+                        oh.make_node("Slice", ["x", "b0", "e0"], ["top"]),
+                        _const("b1", [0, 0, 0, 0]), _const("e1", [INT32_MAX, INT32_MAX, -1, INT32_MAX]),
+                        oh.make_node("Slice", ["x", "b1", "e1"], ["bottom"]),
+                        oh.make_node("Add", ["top", "bottom"], ["y"])],
+    "batch-from-one": [_const("b", [1]), _const("e", [INT64_MAX]), _const("a", [0]),
+                       oh.make_node("Slice", ["x", "b", "e", "a"], ["y"])],
+    "steps-without-axes": [_const("b", [0, 1]), _const("e", [INT64_MAX, INT64_MAX]), _const("st", [1, 2]),
+                           oh.make_node("Slice", ["x", "b", "e", "", "st"], ["y"])],
+    "negative-axis-open-end": [_const("b", [1]), _const("e", [INT64_MAX]), _const("a", [-1]),
+                               oh.make_node("Slice", ["x", "b", "e", "a"], ["y"])],
+}
+
+
+@pytest.mark.parametrize("case", list(OPEN_END_SLICES))
+def test_slice_with_open_ends_on_dynamic_axes(case, tmp_path):
+    graph = oh.make_graph(OPEN_END_SLICES[case] + [oh.make_node("Relu", ["y"], ["z"])], "slices",
+                          [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, "h", "w"])],
+                          [oh.make_tensor_value_info("z", TensorProto.FLOAT, ["zn", "zc", "zh", "zw"])])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 13)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    data = model.SerializeToString()
+    ir = forge.from_onnx(data)
+    assert ir.input_shapes == [(-1, 3, -1, -1)]
+    run = ir.get_inference_function()
+    ir.compile(output_path=tmp_path / "artifact")
+    runtime = forge.Runtime(tmp_path / "artifact")
+    for x, want in references(data, [(2, 3, 5, 7), (4, 3, 6, 4), (3, 3, 2, 9)]):
+        close(run(x), want)
+        close(runtime.infer(x)[0], want)
+
+
 # --- If on an input value, branches squeezing a dynamic length ----------------------------------------------------
 
 def _branch(name: str, frame: int, rng: np.random.Generator) -> onnx.GraphProto:
@@ -353,23 +391,14 @@ def test_resize_scale_on_a_dynamic_axis_is_checked_when_the_model_runs(mode, sca
 
 # --- other target classes -----------------------------------------------------------------------------------------
 
-def _plain_node_names(data: bytes) -> onnx.ModelProto:
-    """The model with its nodes named n0, n1...: torch's names (``/c1/Conv``) reach CUDA kernels' parameters, which
-    are then not C (the CUDA issue); the dynamic shapes are what this checks."""
-    model = onnx.load_from_string(data)
-    for index, node in enumerate(model.graph.node):
-        node.name = f"n{index}"
-    return model
-
-
 def test_dynamic_recognizer_builds_for_cuda_and_its_kernels_compile_with_nvcc(tmp_path):
     """The kernels' CUDA source (dynamic extents as kernel arguments; the recurrent kernel's states sized by the
-    dynamic batch) compiles."""
+    dynamic batch) compiles, with the torch exporter's node names (``/c1/Conv``) as they are."""
     import re
 
     factory, example_shape, axes = CASES["recognizer"][:3]
     data = export(benchmark_models.randomized(factory()), torch.randn(example_shape), axes)
-    forge.from_onnx(_plain_node_names(data)).compile(target="cuda -arch=sm_90", output_path=tmp_path / "cuda")
+    forge.from_onnx(data).compile(target="cuda -arch=sm_90", output_path=tmp_path / "cuda")
     source = cuda_source(tmp_path / "cuda" / "model_library.so")
     assert re.search(rb"int64_t (batch|width)\b", source), "no kernel takes a dynamic extent"
     check_with_nvcc(source, tmp_path)

@@ -149,10 +149,10 @@ def test_keras_dynamic_batch_through_tflite(rng, caplog, dynamic):
 
 def test_keras_dynamic_batch_with_a_reshape_head_in_nchw(rng, tmp_path):
     """Keras's MobileNet head (pooled map, 1x1 convolution, Reshape to (classes,)) with a dynamic batch: the
-    RESHAPE's new shape ``(batch, 6)`` kept the importer's ``batch`` after the NCHW wrapper was inlined (TVM's
-    inliner renames the dims of every type but not those of a ShapeExpr argument), so the VM build failed with
-    "batch has not been computed" (MobileNet, EfficientNetB0 and more from keras.applications). Three batch sizes
-    through the inference function and an artifact; rtol/atol 1e-5."""
+    RESHAPE's new shape ``(batch, 6)`` kept the importer's ``batch`` when the NCHW wrapper was inlined by TVM's
+    inliner (which renamed the dims of every type but not those of a ShapeExpr argument), so the VM build failed
+    with "batch has not been computed" (MobileNet, EfficientNetB0 and more from keras.applications). Three batch
+    sizes through the inference function and an artifact; rtol/atol 1e-5."""
     keras.utils.set_random_seed(4)
     image = keras.Input((8, 8, 3), name="image")
     features = keras.layers.Conv2D(5, 3, padding="same", activation="relu")(image)
@@ -166,6 +166,34 @@ def test_keras_dynamic_batch_with_a_reshape_head_in_nchw(rng, tmp_path):
     runtime = forge.Runtime(tmp_path / "artifact")
     for batch in (1, 2, 5):
         x = rng.standard_normal((batch, 8, 8, 3)).astype("float32")
+        want = keras_reference(model, x)
+        assert_close(run(to_nchw(x)), want)
+        assert_close(runtime.infer(to_nchw(x)), want)
+
+
+def test_keras_cropping_with_a_dynamic_batch_through_tf2onnx(rng, tmp_path, caplog):
+    """NASNetMobile's ``adjust`` block: ZeroPadding2D, Cropping2D, then added to an uncropped branch, with a
+    dynamic batch. TFLite's STRIDED_SLICE does not import on a symbolic batch, so the model goes through tf2onnx,
+    whose Slice ends every axis at INT32_MAX: the batch became ``min(2147483647, batch)``, and TVM's FuseTIR
+    recursed on it without end (the process died by SIGSEGV; NASNetMobile with ``(None, 3, 32, 32)`` did). TVM's
+    inliner, which the NCHW wrapper used, also lost the shapes of this body ("emit_te now only supports Tensor that
+    has ShapeExpr shape"). Inference function and artifact at batch 1, 2 and 5; rtol/atol 1e-5."""
+    keras.utils.set_random_seed(6)
+    image = keras.Input((9, 9, 3), name="image")
+    features = keras.layers.Conv2D(4, 3, padding="same", activation="relu")(image)
+    cropped = keras.layers.Cropping2D(((1, 0), (1, 0)))(keras.layers.ZeroPadding2D(((0, 1), (0, 1)))(features))
+    adjusted = keras.layers.Conv2D(4, 1)(keras.layers.AveragePooling2D(1, strides=1)(cropped))
+    merged = keras.layers.Add()([keras.layers.Conv2D(4, 1)(features), adjusted])
+    model = keras.Model(image, keras.layers.Dense(5)(keras.layers.GlobalAveragePooling2D()(merged)))
+    with caplog.at_level(logging.INFO, logger="forge.tf"):
+        ir = forge.from_keras(model, shape={"image": (None, 3, 9, 9)})
+    assert "tf2onnx" in caplog.text, "the model should take the ONNX route this test is about"
+    assert ir.input_shapes == [(-1, 3, 9, 9)] and ir.output_shapes == [(-1, 5)]
+    run = ir.get_inference_function()
+    ir.compile(output_path=tmp_path / "artifact")
+    runtime = forge.Runtime(tmp_path / "artifact")
+    for batch in (1, 2, 5):
+        x = rng.standard_normal((batch, 9, 9, 3)).astype("float32")
         want = keras_reference(model, x)
         assert_close(run(to_nchw(x)), want)
         assert_close(runtime.infer(to_nchw(x)), want)

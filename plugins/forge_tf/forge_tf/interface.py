@@ -3,24 +3,22 @@
 TVM's TFLite importer orders inputs and outputs as the flatbuffer lists them,
 and keeps TensorFlow's channels-last layout. :func:`rewrite_main` wraps
 ``main`` in a new ``main`` that takes its inputs in another order or layout,
-calls the old body, and returns the outputs in another order or layout; the
-old body is then inlined, so the module keeps a single Relax function and the
-computation itself is unchanged (transposes are exact).
+binds the old inputs to them (transposed where asked), runs the old body, and
+returns the outputs in another order or layout. The old body is kept as it is,
+its symbolic dims included, so the module keeps a single Relax function and the
+computation itself is unchanged (transposes are exact). TVM's inliner is not
+used: it renamed dims it then left unbound in a reshape's ``ShapeExpr``, and it
+recursed without end on Keras's NASNetMobile with a dynamic batch (a crash).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import tvm
 from tvm import relax
 
 from forge_core.ir.naming import OUTPUT_NAMES_ATTR
-from forge_core.schedules.rewrite import substitute
-from forge_core.transforms.rebind import rebind
-
-_INNER_NAME = "forge_tf_inner_main"
 
 
 def _output_count(func: relax.Function) -> int:
@@ -37,32 +35,6 @@ def _outer_shape(inner: relax.TensorType, axes: Sequence[int]) -> relax.TensorTy
     for position, axis in enumerate(axes):
         outer[axis] = dims[position]
     return relax.TensorType(outer, inner.dtype)
-
-
-def _rebind_free_dims(func: relax.Function) -> relax.Function:
-    """``func`` with each free symbolic dim replaced by the defined dim of its name.
-
-    TVM 0.27's inliner gives the inlined body fresh symbolic dims and binds them
-    from the call's arguments, but leaves the old ones in a ``ShapeExpr`` that is
-    an operator's argument (a reshape's new shape ``R.shape([batch, 1000])``):
-    that dim is then defined nowhere, and the VM build fails ("PrimExpr ...
-    batch has not been computed"). Keras's MobileNet with a dynamic batch hit it.
-    """
-    defined = {str(var.name): var for var in relax.analysis.defined_symbolic_vars(func)}
-    mapping = {var: defined[str(var.name)] for var in relax.analysis.free_symbolic_vars(func)
-               if str(var.name) in defined}
-    if not mapping:
-        return func
-    pairs = list(mapping.items())
-
-    def dims_of_their_name(_binding: str, call: relax.Call, args: list[relax.Expr], _emit: Any) -> relax.Expr | None:
-        if not any(isinstance(arg, relax.ShapeExpr) for arg in args):
-            return None
-        args = [relax.ShapeExpr([substitute(dim, pairs) for dim in arg.values])
-                if isinstance(arg, relax.ShapeExpr) else arg for arg in args]
-        return relax.Call(call.op, args, call.attrs, call.ty_args)
-
-    return rebind(tvm.IRModule({"main": func}), rewrite_call=dims_of_their_name)
 
 
 def rewrite_main(
@@ -99,29 +71,51 @@ def rewrite_main(
             and output_order == list(range(count)):
         return mod
 
-    inner = main.without_attr("global_symbol")
-    builder = relax.BlockBuilder()
-    inner_var = builder.add_func(inner, _INNER_NAME)
-    outer_params = []
+    normalizer = relax.BlockBuilder()
+    # A transposed input's old parameter becomes a binding of another name (``x = permute_dims(x)`` would read
+    # as a cycle to whatever looks values up by name): a dataflow var in the body's dataflow block, where TVM's
+    # dataflow passes may rewrite it, else a var of a binding block before the body.
+    in_dataflow = bool(main.body.blocks) and isinstance(main.body.blocks[0], relax.DataflowBlock)
+    kind = relax.DataflowVar if in_dataflow else relax.Var
+    transposed = {params[old]: kind(f"{params[old].name}_transposed", params[old].ty) for old in input_axes}
+    body = main.bind_params(transposed).body if transposed else main.body
+    outer_params: list[relax.Var] = []
+    head: list[relax.Binding] = []
     for old in input_order:
         var = params[old]
-        ty = _outer_shape(var.ty, input_axes[old]) if old in input_axes else var.ty
-        outer_params.append(relax.Var(var.name, ty))
-    with builder.function("main", outer_params):
-        with builder.dataflow():
-            args: list[relax.Expr] = [relax.Tuple([])] * len(params)
-            for var, old in zip(outer_params, input_order):
-                args[old] = builder.emit(relax.op.permute_dims(var, input_axes[old])) if old in input_axes else var
-            result = builder.emit(relax.Call(inner_var, args))
-            items = [builder.emit(relax.TupleGetItem(result, i)) for i in range(count)] \
-                if isinstance(main.ret_ty, relax.TupleType) else [result]
-            items = [builder.emit(relax.op.permute_dims(item, output_axes[i])) if i in output_axes else item
-                     for i, item in enumerate(items)]
-            reordered = [items[i] for i in output_order]
-            output = builder.emit_output(
-                relax.Tuple(reordered) if isinstance(main.ret_ty, relax.TupleType) else reordered[0])
-        builder.emit_func_output(output)
-    wrapper = _rebind_free_dims(builder.get()["main"].inline_functions({inner_var: inner}))
+        if old not in input_axes:
+            outer_params.append(var)
+            continue
+        outer = relax.Var(var.name, _outer_shape(var.ty, input_axes[old]))
+        outer_params.append(outer)
+        head.append(relax.VarBinding(transposed[var],
+                                     normalizer.normalize(relax.op.permute_dims(outer, input_axes[old]))))
+    result = body.body
+    tail: list[relax.Binding] = []
+
+    def bound(value: relax.Expr, name: str) -> relax.Var:
+        value = normalizer.normalize(value)
+        var = relax.Var(name, value.ty)
+        tail.append(relax.VarBinding(var, value))
+        return var
+
+    if isinstance(main.ret_ty, relax.TupleType):
+        items: list[relax.Expr] = [bound(relax.TupleGetItem(result, i), f"output_{i}") for i in range(count)]
+    else:
+        items = [result]
+    items = [bound(relax.op.permute_dims(item, output_axes[i]), f"output_{i}_transposed") if i in output_axes
+             else item for i, item in enumerate(items)]
+    reordered = [items[i] for i in output_order]
+    output = normalizer.normalize(relax.Tuple(reordered)) if isinstance(main.ret_ty, relax.TupleType) \
+        else reordered[0]
+    blocks = list(body.blocks)
+    if head and in_dataflow:
+        blocks[0] = relax.DataflowBlock(head + list(blocks[0].bindings))
+    elif head:
+        blocks.insert(0, relax.BindingBlock(head))
+    if tail:
+        blocks.append(relax.BindingBlock(tail))
+    wrapper = relax.Function(outer_params, relax.SeqExpr(blocks, output), output.ty, is_pure=main.is_pure)
     attrs = dict(main.attrs) if main.attrs is not None else {}
     if OUTPUT_NAMES_ATTR in attrs:
         names = list(attrs[OUTPUT_NAMES_ATTR])
@@ -131,5 +125,5 @@ def rewrite_main(
     functions = {gv: func for gv, func in mod.functions.items() if gv.name_hint != "main"}
     updated = tvm.IRModule(functions, attrs=mod.attrs)
     updated["main"] = wrapper
-    updated = relax.transform.Normalize()(updated)
+    updated = relax.transform.CanonicalizeBindings()(relax.transform.Normalize()(updated))
     return relax.transform.DeadCodeElimination(["main"])(updated)

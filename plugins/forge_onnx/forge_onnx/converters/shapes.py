@@ -242,6 +242,50 @@ def squeeze(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], co
     return context.tvm_convert("Squeeze", [dropped, *inputs[1:]])
 
 
+_OPEN_END = 2**31 - 1
+"""An end at or past this means "to the end of the axis": exporters write INT32_MAX or INT64_MAX for ``x[1:]``."""
+
+
+def slice_(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], context: ConverterContext) -> relax.Expr:
+    """Slice, whose open ends on a symbolic axis end at the axis's extent.
+
+    tf2onnx and the PyTorch exporters write ``x[1:]`` with an end of INT32_MAX or INT64_MAX, and tf2onnx slices
+    every axis (``begin 0, end INT32_MAX`` on the batch). On a symbolic axis ``n`` TVM's converter keeps that end,
+    and the sliced extent becomes ``min(2147483647, n) - min(0, n)``: an expression no later dim is proven equal
+    to, on which TVM's FuseTIR recursed without end (Keras's NASNetMobile with a dynamic batch, through tf2onnx,
+    crashed the process). An axis sliced whole is dropped from the slice; an open end after another begin
+    becomes ``n`` itself, which selects the same elements.
+    """
+    if context.opset >= 10:
+        inputs = list(inputs) + [None] * (5 - len(inputs))  # TVM's converter reads inputs[3] and [4] as optional
+    result = context.tvm_convert("Slice", inputs)
+    if not (isinstance(result, relax.Call) and getattr(result.op, "name", None) == "relax.strided_slice"):
+        return result
+    data, axes, begin, end, strides = result.args
+    dims = static_or_symbolic_dims(data)
+    if dims is None or not all(isinstance(t, relax.Tuple) for t in (axes, begin, end, strides)):
+        return result
+    kept: list[tuple[Any, Any, Any, Any]] = []
+    changed = False
+    for axis, start, stop, step in zip(axes.fields, begin.fields, end.fields, strides.fields):
+        dim = dims[int(axis.value)] if isinstance(axis, tirx.IntImm) else None
+        open_end = isinstance(stop, tirx.IntImm) and int(stop.value) >= _OPEN_END
+        if dim is None or isinstance(dim, tirx.IntImm) or not open_end \
+                or not (isinstance(step, tirx.IntImm) and int(step.value) > 0):
+            kept.append((axis, start, stop, step))
+        elif isinstance(start, tirx.IntImm) and int(start.value) == 0 and int(step.value) == 1:
+            changed = True  # the whole axis
+        else:
+            kept.append((axis, start, dim, step))
+            changed = True
+    if not changed:
+        return result
+    if not kept:
+        return data
+    return relax.op.strided_slice(data, *[list(column) for column in zip(*kept)],
+                                  assume_inbound=bool(result.attrs.assume_inbound))
+
+
 def static_or_symbolic_dims(expr: relax.Expr) -> list[Any] | None:
     """The dims of a tensor whose shape is a shape expression (static or symbolic), else None."""
     ty = expr.ty
@@ -291,7 +335,7 @@ def constant(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
 
 CONVERTERS = {"Shape": shape, "Size": size, "Constant": constant, "ConstantOfShape": constant_of_shape,
               "Reshape": reshape, "Squeeze": squeeze,
-              "Expand": expand}
+              "Expand": expand, "Slice": slice_}
 
 
 def center_crop_pad(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
