@@ -154,12 +154,12 @@ def test_cli_shape_bucket(tmp_path):
 def test_bucketed_detector_builds_for_cuda_and_its_kernels_compile_with_nvcc(tmp_path):
     """On GPUs TVM's dlight rules schedule the bucket's static kernels beside the generic ones; a bucket's
     kernels take no dynamic extent."""
-    from test_dynamic_shapes import _plain_node_names, check_with_nvcc, cuda_source
+    from test_dynamic_shapes import check_with_nvcc, cuda_source
 
     factory, example_shape, axes, sizes, _, _ = CASES["detector"]
     data = export(benchmark_models.randomized(factory()), torch.randn(example_shape), axes)
-    forge.from_onnx(_plain_node_names(data)).compile(target="cuda -arch=sm_90", output_path=tmp_path / "cuda",
-                                                     shape_buckets=[{"x": sizes[2]}], export_metadata=True)
+    forge.from_onnx(data).compile(target="cuda -arch=sm_90", output_path=tmp_path / "cuda",
+                                  shape_buckets=[{"x": sizes[2]}], export_metadata=True)
     metadata = json.loads((tmp_path / "cuda" / "model_metadata.json").read_text())
     assert metadata["shape_buckets"][0]["function"] == "main_bucket0"
     check_with_nvcc(cuda_source(tmp_path / "cuda" / "model_library.so"), tmp_path)

@@ -10,7 +10,7 @@ Graph preparation (Forge):
     ``fast_math`` pass (vectorizable exp/erf/tanh, a few ulps); ``opt_level 4``:
     LLVM fast-math flags.
 Build (TVM's per-target stages):
-    library dispatch, legalization and fusion (fusion from ``opt_level >= 1``),
+    names made C identifiers (every target), library dispatch, legalization and fusion (fusion from ``opt_level >= 1``),
     schedules (GPU: TVM's dlight rules), dataflow lowering, memory planning;
     TVM's TIR lowering with small CPU buffers on the stack
     (:mod:`forge_core.compiler.tir_pipeline`).
@@ -27,6 +27,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
+from forge_core.compiler.c_names import plain_names
 from forge_core.compiler.options import CompileOptions
 from forge_core.passes import PassContext, run_passes
 from forge_core.quantization.expand import ExpandQuantize
@@ -48,7 +49,8 @@ def prepare_graph(mod: tvm.IRModule, options: CompileOptions, target: tvm.target
     """
     from forge_core.compiler.external import run_external_codegens
 
-    mod = run_external_codegens(mod)
+    # C identifiers before any pass builds a PrimFunc from the bindings (fast_math's kernels take their names)
+    mod = plain_names(run_external_codegens(mod))
     names: list[str] = ["lower_quantized"]
     if options.opt_level >= 3:
         names += ["remove_dropout", "decompose_for_inference"]
@@ -85,8 +87,10 @@ def _legalize_passes(target: tvm.target.Target, opt_level: int) -> list[tvm.tran
 
 
 def lowering_passes(target: tvm.target.Target, opt_level: int) -> list[tvm.transform.Pass]:
-    """Library dispatch, legalization and fusion: the module's PrimFuncs as schedules (and tuning) see them."""
-    return list(_backend_stages(target).library_dispatch_passes(target)) + _legalize_passes(target, opt_level)
+    """Names made C identifiers (:mod:`forge_core.compiler.c_names`), library dispatch, legalization and fusion:
+    the module's PrimFuncs as schedules (and tuning) see them."""
+    return [plain_names, *_backend_stages(target).library_dispatch_passes(target),
+            *_legalize_passes(target, opt_level)]
 
 
 def lower_to_tir(mod: tvm.IRModule, target: tvm.target.Target, opt_level: int) -> tvm.IRModule:
