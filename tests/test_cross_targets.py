@@ -100,7 +100,9 @@ class TestCuda:
 
     def test_running_needs_a_gpu(self, ir, artifact):
         if not tvm.cuda(0).exist:
-            with pytest.raises(forge.ForgeError, match="built for cuda, and no cuda device is present"):
+            # without the driver, TVM's CUDA runtime library does not load, and the error names what it needs
+            missing = "no cuda device is present|TVM's cuda runtime .* did not load: .*libcuda.so.1"
+            with pytest.raises(forge.ForgeError, match=f"built for cuda, and ({missing})"):
                 forge.Runtime(artifact)
             pytest.skip("no CUDA GPU on this machine: the artifact was built and checked, not run")
         x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)

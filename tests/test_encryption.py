@@ -57,6 +57,24 @@ def _open(directory: Path, key: Path | None = None, password: str | None = PASSW
     return Runtime(directory, directory / fmt.KEY_FILE if key is None else key, password)
 
 
+@pytest.mark.parametrize("name", ["plain", "a"])
+def test_the_runtime_needs_only_tvm_runtime_library(artifacts, name, tmp_path):
+    """On a board there is TVM's runtime library (3 MB) and not its compiler library (260 MB): with
+    ``TVM_USE_RUNTIME_LIB=1`` the compiler library is never loaded, and the runtime runs the plain and the
+    encrypted artifact to the same numbers as in this process (the runtime used ``relax.VirtualMachine``,
+    whose import needs the compiler)."""
+    from artifacts import run_in_fresh_process
+
+    directory, want = artifacts[name]
+    key = directory / fmt.KEY_FILE if name != "plain" else None
+    outputs, report = run_in_fresh_process(directory, [X], tmp_path, key=key,
+                                           password=PASSWORD if key else None, runtime_only=True)
+    assert report["compiler_loaded"] is False
+    here = Runtime(directory) if key is None else _open(directory)
+    np.testing.assert_array_equal(outputs[0], here.infer(X)[0])
+    np.testing.assert_allclose(outputs[0], want, rtol=1e-4, atol=1e-4)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Round trips
 # ----------------------------------------------------------------------------------------------------

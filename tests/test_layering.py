@@ -62,3 +62,40 @@ def test_the_runtime_and_security_import_nothing_of_the_compiler():
                 offending += [f"{path.relative_to(CORE.parent)}:{node.lineno}: {name}" for name in names
                               if name.startswith(_COMPILER_SIDE)]
     assert not offending, "\n".join(offending)
+
+
+
+_TVM_RUNTIME_SIDE = ("tvm.runtime", "tvm.rpc", "tvm.base", "tvm.libinfo", "tvm.error")
+
+
+def _tvm_compiler_imports(path: Path, root: Path = CORE.parent) -> list[str]:
+    """``file:line: module`` for each import of a TVM module beyond its runtime library's (``tvm.relax``,
+    ``tvm.target``...), ``from tvm import relax`` included."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module == "tvm":
+            names = [f"tvm.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module]
+        else:
+            continue
+        found += [f"{path.relative_to(root).as_posix()}:{node.lineno}: {name}" for name in names
+                  if name.startswith("tvm.") and not name.startswith(_TVM_RUNTIME_SIDE)]
+    return found
+
+
+def test_the_runtime_imports_only_tvm_runtime_library(tmp_path):
+    """A board has TVM's runtime library and not its compiler library; ``from tvm import relax`` loads the
+    latter (the runtime used ``relax.VirtualMachine``). The runtime run on the runtime library alone:
+    tests/test_encryption.py."""
+    files = [*sorted((CORE / "runtime").rglob("*.py")), *sorted((CORE / "security").rglob("*.py")),
+             CORE / "remote" / "runtime.py", CORE / "remote" / "server.py"]
+    offending = [entry for path in files for entry in _tvm_compiler_imports(path)]
+    assert not offending, "\n".join(offending)
+    probe = tmp_path / "probe.py"
+    probe.write_text("import tvm\nfrom tvm import relax\nfrom tvm.runtime.vm import VirtualMachine\n"
+                     "import tvm.target\n")
+    assert _tvm_compiler_imports(probe, tmp_path) == ["probe.py:2: tvm.relax", "probe.py:4: tvm.target"]

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import tvm
-from tvm import relax
+from tvm.runtime.vm import VirtualMachine  # TVM's runtime library: no compiler needed
 
 from forge_core.errors import ForgeError, RemoteDeviceError
 from forge_core.remote.server import PROFILE_FUNCTION
@@ -99,7 +99,7 @@ class RemoteRuntime(LoadedArtifact):
                     f"the device of key {key!r} could not load {str(path)!r}, built for {built_for}: "
                     f"{last_line(exc)}. Compile for the board's target (forge tags lists them)."
                 ) from None
-            self._vm = relax.VirtualMachine(self._library, self._device)
+            self._vm = VirtualMachine(self._library, self._device)
             self._vm._get_function_arity("main")  # no ``main``: fails here, not later
         except BaseException:
             self.close()

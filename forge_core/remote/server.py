@@ -33,11 +33,11 @@ PROFILE_FUNCTION = "forge.remote.profile"
 def _profile(module: Any, repeat: int, *inputs: Any) -> str:
     """Time every call of ``main`` of the library ``module``, on this machine; the rows as JSON."""
     import tvm
-    from tvm import relax
+    from tvm.runtime.vm import VirtualMachine
 
     from forge_core.runtime.profiling import profile_calls
 
-    vm = relax.VirtualMachine(module, tvm.cpu())
+    vm = VirtualMachine(module, tvm.cpu())
     main = vm["main"]
     main(*inputs)  # the first call allocates the memory pool: not timed
     rows = profile_calls(vm, lambda: main(*inputs), int(repeat))

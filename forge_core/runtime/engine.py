@@ -15,10 +15,11 @@ from typing import Any
 
 import numpy as np
 import tvm
-from tvm import relax
+from tvm.runtime.vm import VirtualMachine  # TVM's runtime library: no compiler needed
 
 from forge_core.errors import ArtifactCorruptedError, CorruptLibraryError, ForgeError, KeyIgnoredWarning
 from forge_core.runtime import metadata as schema
+from forge_core.runtime.devices import ensure_backend
 from forge_core.runtime.cpu_features import host_cpu_model, host_machine, missing_features
 from forge_core.runtime.library_file import (
     elf_machine,
@@ -216,6 +217,7 @@ class Runtime(LoadedArtifact):
         device_type = document.get("device_type", "cpu")
         if device_type not in _DEVICES:
             raise ForgeError(f"{str(path)!r} targets device {device_type!r}, which this runtime cannot drive")
+        ensure_backend(device_type, str(path))
         device = _DEVICES[device_type](0)
         if not device.exist:
             raise ForgeError(f"{str(path)!r} is built for {device_type}, and no {device_type} device is present")
@@ -226,7 +228,7 @@ class Runtime(LoadedArtifact):
         self._device = device
         if encrypted:
             def is_this_library(module: tvm.runtime.Module) -> bool:
-                loaded = relax.VirtualMachine(module, device)[schema.METADATA_FUNCTION]()
+                loaded = VirtualMachine(module, device)[schema.METADATA_FUNCTION]()
                 return bool(json.loads(str(loaded)) == embedded)
 
             self._module, descriptor = load_library_in_memory(data, repr(str(path)), is_this_library)
@@ -299,7 +301,7 @@ class Runtime(LoadedArtifact):
 
         entry = self._entry_function(checked)
 
-        def profile(vm: relax.VirtualMachine) -> list[FunctionTime]:
+        def profile(vm: VirtualMachine) -> list[FunctionTime]:
             main = self._sessions.function(vm, entry)
             main(*args)
             return profile_calls(vm, lambda: main(*args), repeat, schedules)

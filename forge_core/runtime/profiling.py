@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tvm import relax
+from tvm.runtime.vm import VirtualMachine  # TVM's runtime library: no compiler needed
 
 _NO_OP = 0  # relax.VMInstrumentReturnKind.NO_OP
 
@@ -37,7 +37,7 @@ class FunctionTime:
         return self.total_ms / self.calls if self.calls else 0.0
 
 
-def profile_calls(vm: relax.VirtualMachine, run: Callable[[], Any], repeat: int,
+def profile_calls(vm: VirtualMachine, run: Callable[[], Any], repeat: int,
                   schedules: Mapping[str, Any] | None = None) -> list[FunctionTime]:
     """Run ``run`` ``repeat`` times with every VM call timed; slowest functions first.
 

@@ -2,7 +2,7 @@
 
 Two facts about TVM 0.27, measured:
 
-- **The VM is not re-entrant.** ``relax.VirtualMachine`` keeps its registers
+- **The VM is not re-entrant.** ``VirtualMachine`` keeps its registers
   and its memory pool in the instance. Eight threads calling one instance
   fail with ``TypeError: Mismatched type on argument #0`` or mix their
   tensors.
@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import tvm
-from tvm import relax
+from tvm.runtime.vm import VirtualMachine  # TVM's runtime library: no compiler needed
 
 from forge_core.threads import configure_threads
 
@@ -64,23 +64,23 @@ class VMSessions:
         self.num_threads = 0
         self.run(lambda vm: None)  # sizes this thread's pool (num_threads) and makes its VM now
 
-    def _vm(self) -> relax.VirtualMachine:
+    def _vm(self) -> VirtualMachine:
         vm = getattr(self._per_thread, "vm", None)
         if vm is None:
             self.num_threads = configure_threads(self._target_cores)
-            vm = relax.VirtualMachine(self._executable, self._device)
+            vm = VirtualMachine(self._executable, self._device)
             self._per_thread.vm = vm
             self._per_thread.functions = {}
         return vm
 
-    def run(self, work: Callable[[relax.VirtualMachine], T]) -> T:
+    def run(self, work: Callable[[VirtualMachine], T]) -> T:
         """``work(vm)`` on the calling thread if it is the main thread, else on ``forge-inference``."""
         current = threading.current_thread()
         if current is threading.main_thread() or current.name.startswith("forge-inference"):
             return work(self._vm())  # a thread allowed to run TVM (the second: work that calls back in)
         return _inference_thread().submit(lambda: work(self._vm())).result()
 
-    def function(self, vm: relax.VirtualMachine, name: str) -> Any:
+    def function(self, vm: VirtualMachine, name: str) -> Any:
         """``vm[name]``, looked up once per thread."""
         functions = self._per_thread.functions
         if name not in functions:
