@@ -1,0 +1,334 @@
+"""Forge's CUDA artifacts on a real GPU, against onnxruntime's numbers and beside torch, in one run.
+
+Here (with Forge, nvcc and no GPU)::
+
+    .venv/bin/python benchmarks/gpu_check.py build --out build/gpu_bundle [--arch sm_90]
+
+compiles the models below for ``cuda -arch=ARCH``, computes onnxruntime-CPU
+references on random inputs, compiles each library's kernels to cubins with
+nvcc, and writes a bundle under 64 MiB: the artifacts, inputs and references,
+the cubins, Forge's runtime (``forge_core``), TVM's Python package without its
+compiler library (the runtime library, 3 MB, and the CUDA sidecar), and
+wheels of ``apache-tvm-ffi`` and ``cryptography`` for Python 3.12.
+
+On the GPU machine (Python 3.12, torch with CUDA, no TVM, no network)::
+
+    python build/gpu_bundle/gpu_check.py run build/gpu_bundle
+
+installs the wheels into the bundle, runs every artifact with Forge's runtime
+on TVM's runtime library alone (``TVM_USE_RUNTIME_LIB=1``), compares with the
+references, and times Forge, torch eager and torch.compile, numpy in and out,
+batch 1. The artifacts keep CUDA source, which TVM compiles when a library
+loads through the ``tvm_callback_cuda_compile`` callback; ``run`` answers it
+with the cubin nvcc built here for that source (no NVRTC, no compiler
+library). Prints a table and writes ``gpu_check.json`` into the bundle.
+
+Models (``benchmarks/models.py``, random weights): MobileNetV2 (224x224) in
+fp32 and with ``set_float16``, a 2-layer BERT-style encoder (hidden 256,
+vocabulary 1024, sequence 128), a DBNet-style detector (320x320), and the
+conv1d+LSTM voice-activity model, encrypted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PASSWORD = "gpu-check-password-2026"
+MODELS = ["mobilenetv2", "mobilenetv2_fp16", "bert2", "dbnet", "vad_encrypted"]
+
+
+# --- build: here --------------------------------------------------------------------------------------------------
+
+def _torch_model(name: str):
+    sys.path.insert(0, str(HERE))
+    from models import BertEncoder, DBNet, MobileNetV2, VoiceActivity, randomized
+
+    import torch
+
+    base = name.split("_")[0]
+    if base == "mobilenetv2":
+        return randomized(MobileNetV2(), seed=1), torch.randn(1, 3, 224, 224), "image"
+    if base == "bert2":
+        model = randomized(BertEncoder(layers=2, hidden=256, heads=4, vocab=1024), seed=2)
+        return model, torch.randint(0, 1024, (1, 128), generator=torch.Generator().manual_seed(0)), "input_ids"
+    if base == "dbnet":
+        return randomized(DBNet(), seed=3), torch.rand(1, 3, 320, 320), "image"
+    if base == "vad":
+        return randomized(VoiceActivity(), seed=4), torch.randn(1, 8, 576) * 0.1, "audio"
+    raise SystemExit(f"unknown model {name!r}")
+
+
+def cuda_sources(library: bytes) -> list[bytes]:
+    """The CUDA source of each CUDA module a (plain) library holds.
+
+    TVM packs each imported module as its kind (a uint64 length and the bytes, ``cuda``), the module's bytes
+    (uint64 length), and in those ``fmt`` (``cuda``: source), the function map and last the code (uint64 length
+    and the bytes): the code is the field that ends where the module's bytes end.
+    """
+    found = []
+    marker = (4).to_bytes(8, "little") + b"cuda"
+    at = library.find(marker)
+    while at >= 0:
+        size = int.from_bytes(library[at + 12:at + 20], "little")
+        blob = library[at + 20:at + 20 + size]
+        if blob.startswith(marker) and size == len(blob):
+            for offset in range(len(marker), len(blob) - 8):
+                if int.from_bytes(blob[offset:offset + 8], "little") == len(blob) - offset - 8:
+                    found.append(blob[offset + 8:])
+                    break
+            at = library.find(marker, at + 20 + size)
+        else:
+            at = library.find(marker, at + 1)
+    if not found:
+        raise SystemExit("no CUDA source module found in the library")
+    return found
+
+
+def _cubin(source: bytes, arch: str, work: Path) -> bytes:
+    digest = hashlib.sha256(source).hexdigest()
+    (work / f"{digest}.cu").write_bytes(source)
+    subprocess.run(["nvcc", f"-arch={arch}", "-cubin", "-O3", str(work / f"{digest}.cu"), "-o",
+                    str(work / f"{digest}.cubin")], check=True, capture_output=True)
+    return (work / f"{digest}.cubin").read_bytes()
+
+
+def _runtime_packages(out: Path) -> None:
+    import tvm
+
+    tvm_dir = Path(tvm.__file__).parent
+    skip_dirs = {"3rdparty", "src", "include", "__pycache__"}
+
+    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        parts = Path(info.name).parts
+        if any(part in skip_dirs for part in parts) or info.name.endswith("libtvm_compiler.so"):
+            return None
+        return info
+
+    with tarfile.open(out / "tvm_runtime.tar.gz", "w:gz") as tar:
+        tar.add(tvm_dir, arcname="tvm", filter=keep)
+    forge_core = HERE.parent / "forge_core"
+    with tarfile.open(out / "forge_core.tar.gz", "w:gz") as tar:
+        tar.add(forge_core, arcname="forge_core", filter=lambda i: None if "__pycache__" in i.name else i)
+    wheels = out / "wheels"
+    wheels.mkdir(exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version",
+                    "3.12", "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux2014_x86_64",
+                    "apache-tvm-ffi==0.1.14.post1", "cryptography", "cffi", "typing_extensions", "-d", str(wheels)], check=True,
+                   capture_output=True)
+
+
+def build(out: Path, arch: str, models: list[str]) -> None:
+    import warnings
+
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+
+    import forge
+
+    if out.exists():
+        shutil.rmtree(out)
+    (out / "cubins").mkdir(parents=True)
+    work = out / "work"
+    work.mkdir()
+    manifest = {"arch": arch, "models": []}
+    for name in models:
+        model, example, input_name = _torch_model(name)
+        onnx_path = work / f"{name}.onnx"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(model, (example,), str(onnx_path), input_names=[input_name], opset_version=17,
+                              dynamo=False)
+        x = example.numpy()
+        want = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).run(None, {input_name: x})
+        ir = forge.from_onnx(onnx_path)
+        started = time.perf_counter()
+        kwargs = {"set_float16": True} if name.endswith("fp16") else {}
+        plain = out / name
+        ir.compile(target=f"cuda -arch={arch}", output_path=plain, **kwargs)
+        if name.endswith("encrypted"):  # the cubins come from the plain library; the run opens the encrypted one
+            library = (plain / "model_library.so").read_bytes()
+            shutil.rmtree(plain)
+            ir.compile(target=f"cuda -arch={arch}", output_path=plain, encrypt_password=PASSWORD)
+        else:
+            library = (plain / "model_library.so").read_bytes()
+        compile_s = time.perf_counter() - started
+        for source in cuda_sources(library):
+            digest = hashlib.sha256(source).hexdigest()
+            (out / "cubins" / f"{digest}.cubin").write_bytes(_cubin(source, arch, work))
+        np.savez(out / f"{name}_data.npz", *want, x=x)
+        manifest["models"].append({"name": name, "input": input_name, "outputs": len(want),
+                                   "encrypted": name.endswith("encrypted"), "compile_s": round(compile_s, 1),
+                                   "fp16": name.endswith("fp16")})
+        print(f"built {name} in {compile_s:.1f} s", flush=True)
+    shutil.rmtree(work)
+    _runtime_packages(out)
+    shutil.copy(Path(__file__), out / "gpu_check.py")
+    shutil.copy(HERE / "models.py", out / "models.py")
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    print(f"bundle {out}: {size / 2**20:.1f} MiB")
+
+
+# --- run: on the GPU machine --------------------------------------------------------------------------------------
+
+def _install(bundle: Path) -> Path:
+    site = bundle / "site"
+    if not site.exists():
+        site.mkdir()
+        subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--target", str(site),
+                        *map(str, sorted((bundle / "wheels").glob("*.whl")))], check=True, capture_output=True)
+        for name in ("tvm_runtime.tar.gz", "forge_core.tar.gz"):
+            with tarfile.open(bundle / name) as tar:
+                tar.extractall(site)
+    return site
+
+
+def _preload_cudart() -> str:
+    """libcudart.so.13 from torch's NVIDIA wheels, loaded globally so that TVM's CUDA sidecar finds it."""
+    import ctypes
+
+    try:
+        import torch  # noqa: F401 - its CUDA libraries
+    except ImportError:
+        return "torch is not installed"
+    for entry in sys.path:
+        for found in sorted(Path(entry).glob("nvidia/**/libcudart.so.13")) if Path(entry).is_dir() else []:
+            ctypes.CDLL(str(found), mode=ctypes.RTLD_GLOBAL)
+            return str(found)
+    return "not found (relying on the system's)"
+
+
+def _time(fn, repeat: int = 50) -> float:
+    for _ in range(5):
+        fn()
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return sorted(times)[len(times) // 2] * 1e3
+
+
+def run(bundle: Path, torch_compile: bool) -> int:
+    site = _install(bundle)
+    os.environ["TVM_USE_RUNTIME_LIB"] = "1"
+    sys.path.insert(0, str(site))
+    sys.path.insert(0, str(bundle))
+    cudart = _preload_cudart()
+    import numpy as np
+    import tvm_ffi
+
+    import tvm  # registers TVM's own callback (NVRTC through its compiler library), replaced below
+
+    from forge_core.runtime import Runtime
+
+    cubins = {p.stem: p.read_bytes() for p in (bundle / "cubins").glob("*.cubin")}
+    answered: list[str] = []
+
+    @tvm_ffi.register_global_func("tvm_callback_cuda_compile", override=True)
+    def _compile(code):  # TVM passes the library's CUDA source when it loads it
+        data = code.encode() if isinstance(code, str) else bytes(code)
+        digest = hashlib.sha256(data).hexdigest()
+        answered.append(digest)
+        if digest not in cubins:
+            raise RuntimeError(f"no cubin was built for CUDA source {digest[:12]}")
+        return cubins[digest]
+
+
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    rows, failures = [], 0
+    try:
+        import torch
+        gpu = f"{torch.cuda.get_device_name(0)}; torch {torch.__version__}"
+    except Exception as error:  # a dry run without torch or a GPU
+        torch, gpu = None, f"no torch GPU ({type(error).__name__})"
+    print(f"GPU: {gpu}; TVM runtime only: "
+          f"{getattr(tvm.base, '_RUNTIME_ONLY', '?')}; cudart: {cudart}", flush=True)
+    for entry in manifest["models"]:
+        name = entry["name"]
+        row = {"model": name}
+        try:
+            data = np.load(bundle / f"{name}_data.npz")
+            x = data["x"]
+            want = [data[f"arr_{i}"] for i in range(entry["outputs"])]
+            directory = bundle / name
+            started = time.perf_counter()
+            key = directory / "modelKey.bin" if entry["encrypted"] else None
+            runtime = Runtime(directory, key, PASSWORD if key else None)
+            got = runtime.infer(x)
+            row["load_s"] = round(time.perf_counter() - started, 2)
+            errors = [float(np.abs(g - w).max() / max(np.abs(w).max(), 1e-12)) for g, w in zip(got, want)]
+            row["rel_err"] = max(errors)
+            limit = 2e-2 if entry["fp16"] else 1e-4
+            row["ok"] = bool(np.isfinite(row["rel_err"]) and row["rel_err"] <= limit)
+            failures += not row["ok"]
+            row["forge_ms"] = round(_time(lambda: runtime.infer(x)), 3)
+            if torch is not None:
+                model, example, _ = _torch_model(name)
+                half = entry["fp16"]
+                model = model.cuda().eval()
+                if half:
+                    model = model.half()
+
+                def eager(m=model):
+                    t = torch.from_numpy(x).cuda()
+                    t = t.half() if half and t.is_floating_point() else t
+                    with torch.no_grad():
+                        out = m(t)
+                    out = out[0] if isinstance(out, (tuple, list)) else out
+                    return out.float().cpu().numpy()
+
+                row["torch_eager_ms"] = round(_time(eager), 3)
+                if torch_compile:
+                    try:
+                        compiled = torch.compile(model)
+                        row["torch_compile_ms"] = round(_time(lambda: eager(compiled)), 3)
+                    except Exception as error:  # torch.compile's own failure is not Forge's
+                        row["torch_compile_error"] = f"{type(error).__name__}: {str(error)[:200]}"
+        except Exception as error:  # one model's failure is reported, the others still run
+            row["error"] = f"{type(error).__name__}: {str(error)[:400]}"
+            failures += 1
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    (bundle / "gpu_check.json").write_text(json.dumps(rows, indent=1))
+    print(f"\n| model | load s | rel err | Forge ms | torch eager ms | torch.compile ms | Forge/eager | Forge/compile |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        f, e, c = r.get("forge_ms"), r.get("torch_eager_ms"), r.get("torch_compile_ms")
+        print(f"| {r['model']} | {r.get('load_s', '-')} | {r.get('rel_err', r.get('error', '-'))} | {f or '-'} | "
+              f"{e or '-'} | {c or '-'} | {round(f / e, 2) if f and e else '-'} | "
+              f"{round(f / c, 2) if f and c else '-'} |")
+    print(f"cubins answered: {len(answered)}")
+    return 1 if failures else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build")
+    b.add_argument("--out", type=Path, default=Path("build/gpu_bundle"))
+    b.add_argument("--arch", default="sm_90")
+    b.add_argument("--models", default=",".join(MODELS))
+    r = sub.add_parser("run")
+    r.add_argument("bundle", type=Path)
+    r.add_argument("--no-torch-compile", action="store_true")
+    args = parser.parse_args()
+    if args.command == "build":
+        build(args.out.resolve(), args.arch, args.models.split(","))
+        return 0
+    return run(args.bundle.resolve(), not args.no_torch_compile)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
