@@ -65,6 +65,23 @@ def _torch_model(name: str):
         return randomized(DBNet(), seed=3), torch.rand(1, 3, 320, 320), "image"
     if base == "vad":
         return randomized(VoiceActivity(), seed=4), torch.randn(1, 8, 576) * 0.1, "audio"
+    if base == "vadencoder":  # the voice-activity model's convolutions alone
+        vad = randomized(VoiceActivity(), seed=4)
+
+        class Encoder(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.stft, self.encoder = vad.stft, vad.encoder
+
+            def forward(self, audio):
+                spectrum = self.stft(audio.reshape(8, 1, 576))
+                real, imag = spectrum[:, :129], spectrum[:, 129:]
+                return self.encoder(torch.sqrt(real * real + imag * imag)).mean(dim=2)
+
+        return Encoder().eval(), torch.randn(1, 8, 576) * 0.1, "audio"
+    if base == "lstm":  # its LSTM alone
+        torch.manual_seed(5)
+        return torch.nn.LSTM(128, 128, batch_first=True).eval(), torch.randn(1, 8, 128), "features"
     raise SystemExit(f"unknown model {name!r}")
 
 
@@ -220,7 +237,7 @@ def _time(fn, repeat: int = 50) -> float:
     return sorted(times)[len(times) // 2] * 1e3
 
 
-def run(bundle: Path, torch_compile: bool) -> int:
+def run(bundle: Path, torch_compile: bool, isolate: bool = False, only: str | None = None) -> int:
     site = _install(bundle)
     os.environ["TVM_USE_RUNTIME_LIB"] = "1"
     sys.path.insert(0, str(site))
@@ -257,6 +274,19 @@ def run(bundle: Path, torch_compile: bool) -> int:
           f"{getattr(tvm.base, '_RUNTIME_ONLY', '?')}; cudart: {cudart}", flush=True)
     for entry in manifest["models"]:
         name = entry["name"]
+        if only is not None and name != only:
+            continue
+        if isolate:  # each model in a process of its own: a GPU fault aborts the process
+            child = subprocess.run([sys.executable, __file__, "run", str(bundle), "--only", name,
+                                    *([] if torch_compile else ["--no-torch-compile"])],
+                                   capture_output=True, text=True)
+            lines = [line for line in child.stdout.splitlines() if line.startswith('{"model"')]
+            row = json.loads(lines[-1]) if lines else {
+                "model": name, "error": f"exit {child.returncode}: {(child.stderr or child.stdout)[-600:]}"}
+            failures += "error" in row or not row.get("ok")
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            continue
         row = {"model": name}
         try:
             data = np.load(bundle / f"{name}_data.npz")
@@ -323,11 +353,13 @@ def main() -> int:
     r = sub.add_parser("run")
     r.add_argument("bundle", type=Path)
     r.add_argument("--no-torch-compile", action="store_true")
+    r.add_argument("--isolate", action="store_true", help="each model in a process of its own")
+    r.add_argument("--only", help="one model of the bundle")
     args = parser.parse_args()
     if args.command == "build":
         build(args.out.resolve(), args.arch, args.models.split(","))
         return 0
-    return run(args.bundle.resolve(), not args.no_torch_compile)
+    return run(args.bundle.resolve(), not args.no_torch_compile, args.isolate, args.only)
 
 
 if __name__ == "__main__":

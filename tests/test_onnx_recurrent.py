@@ -259,6 +259,35 @@ def test_cuda_builds_one_thread_kernels(tmp_path):
     assert (tmp_path / "cuda" / "model_library.so").is_file()
 
 
+def test_cuda_kernels_states_live_in_device_memory():
+    """The GPU kernel's state buffers (h, c) are allocated by its host function; Forge's TIR pipeline made
+    such small allocations stack arrays, so the GPU wrote to a host address (cudaErrorIllegalAddress on an
+    H200, the voice-activity model). The host code now takes them from the device workspace, no ``alloca``."""
+    import re
+
+    from forge_core.compiler.options import CompileOptions
+    from forge_core.compiler.pipeline import build as build_executable
+    from forge_core.compiler.pipeline import prepare_graph
+    from forge_core.ir import weights
+    from forge_core.targets.parsing import resolve_target
+
+    model, _ = build([Node("LSTM", "forward", 16, 32, 4, 1)])
+    ir = forge.from_onnx(model)
+    target = resolve_target("cuda -arch=sm_90")
+    executable = build_executable(prepare_graph(weights.bind_params(ir.mod, ir.params), CompileOptions.validate(),
+                                                target), target, 3)
+    modules, hosts = [executable.mod], []
+    while modules:
+        module = modules.pop()
+        modules += list(module.imports)
+        hosts += [module.inspect_source("ll")] if module.kind == "llvm" else []
+    (host,) = hosts
+    start = host.index("define internal fastcc i32 @lstm")
+    body = host[start:host.index("\n}\n", start)]
+    assert not re.search(r"alloca \[\d+ x float\]", body), "a state buffer is a host stack array"
+    assert "TVMBackendAllocWorkspace" in body
+
+
 def test_lstm_options():
     check([
         Node("LSTM", "forward", 9, 4, 5, 2, initial=True, peepholes=True),

@@ -17,7 +17,8 @@ annotation for an allocation ``LowerTVMBuiltin`` leaves alone; LLVM's code
 generator then places it as a stack array in the entry block of its function
 (the parallel loop's body is a function of its own). Larger allocations (a
 repacked input, a padded feature map) still come from the workspace pool, once
-a call. GPU kernels are left as they are.
+a call. GPU builds are left as they are: their host functions allocate device
+buffers.
 
 **Rounding that vectorizes.** ``round`` (ties to even, what ``QuantizeLinear``
 and every requantizing epilogue use) is TIR's ``tirx.nearbyint``, and TVM 0.27
@@ -70,11 +71,20 @@ def _runs_on_cpu(func: tirx.PrimFunc) -> bool:
     return target is None or target.get_target_device_type() == tvm_ffi.DLDeviceType.kDLCPU
 
 
+def _launches_device_code(mod: tvm.IRModule) -> bool:
+    return any(isinstance(f, tirx.PrimFunc) and not _runs_on_cpu(f) for f in mod.functions.values())
+
+
 @tirx.transform.prim_func_pass(opt_level=0, name="forge.KeepSmallBuffersOnStack")
-def keep_small_buffers_on_stack(func: tirx.PrimFunc, _mod: tvm.IRModule,
+def keep_small_buffers_on_stack(func: tirx.PrimFunc, mod: tvm.IRModule,
                                 _ctx: tvm.transform.PassContext) -> tirx.PrimFunc:
-    """Mark a CPU function's allocations of at most :data:`STACK_LIMIT` bytes as stack arrays (see the module doc)."""
-    if not _runs_on_cpu(func):
+    """Mark a CPU function's allocations of at most :data:`STACK_LIMIT` bytes as stack arrays (see the module doc).
+
+    Not in a module with device kernels: there the host functions allocate the kernels' buffers (a recurrent
+    kernel's state) for the device, and a stack array handed to a GPU kernel is a host address
+    (``cudaErrorIllegalAddress`` on an H200).
+    """
+    if not _runs_on_cpu(func) or _launches_device_code(mod):
         return func
     body = tvm_ffi.structural_map(func.body, [(tirx.AllocBuffer, _on_stack)])
     return func if body.same_as(func.body) else func.with_body(body)
