@@ -48,9 +48,18 @@ def _kind_options(kind: str) -> dict[str, str]:
         raise TargetError(f"Unknown target kind {kind!r}. Known kinds: {', '.join(sorted(_known_kinds()))}") from exc
 
 
+_CUDA_LIMITS = {"max_shared_memory_per_block": 49152, "max_threads_per_block": 1024}
+
+
 @functools.lru_cache(maxsize=None)
 def _kind_defaults(kind: str) -> dict[str, Any]:
-    return dict(Target({"kind": kind}).export())
+    if kind != "cuda":
+        return dict(Target({"kind": kind}).export())
+    # A CUDA target without an arch logs "Unable to detect CUDA version, default to -arch=sm_50" where no GPU is
+    # present; the arch is never a default here, and the limits resolve_target fills in are.
+    defaults = dict(Target({"kind": kind, "arch": "sm_50", **_CUDA_LIMITS}).export())
+    defaults.pop("arch")
+    return defaults
 
 
 def _tags() -> dict[str, Any]:
@@ -206,6 +215,11 @@ def resolve_target(target: TargetLike, host: TargetLike | None = None, *, host_c
     """
     fill = host_cpu_config if host_cpu else dict
     config = fill(target_config(target))
+    if config.get("kind") == "cuda":
+        # Every NVIDIA GPU since sm_50 gives a block 48 KiB of shared memory without opt-in and 1024 threads;
+        # absent, TVM's GPU rules logged "Target cuda missing 'max_shared_memory_per_block'" once per kernel.
+        for key, value in _CUDA_LIMITS.items():
+            config.setdefault(key, value)
     host_config = target_config(host) if host is not None else config.pop("host", None)
     if host_config is not None:
         host_config = fill(host_config)
