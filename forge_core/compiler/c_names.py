@@ -22,6 +22,8 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from forge_core.passes import replace_functions
+
 _NOT_IDENTIFIER = re.compile(r"[^A-Za-z0-9_]")
 _KEYWORDS = frozenset("""
     auto break case char const continue default do double else enum extern float for goto if inline int long
@@ -88,9 +90,4 @@ def plain_names(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRMod
             continue
         renamed = _Renamer(mod, {name for name in taken if is_c_identifier(name)}).visit_expr(func)
         updated[gv] = renamed
-    if not updated:
-        return mod
-    result = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
-    for gv, func in updated.items():
-        result[gv] = func
-    return result
+    return replace_functions(mod, updated)
