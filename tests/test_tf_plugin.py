@@ -147,6 +147,19 @@ def test_keras_dynamic_batch_through_tflite(rng, caplog, dynamic):
         assert_close(run(to_nchw(x)), [to_nchw(r) for r in keras_reference(model, x)])
 
 
+def check_dynamic_batch(model, ir, item_shape, rng, tmp_path) -> None:
+    """``ir`` (NCHW, dynamic batch) gives Keras's numbers at batch 1, 2 and 5, in its inference function and in
+    its compiled artifact."""
+    run = ir.get_inference_function()
+    ir.compile(output_path=tmp_path / "artifact")
+    runtime = forge.Runtime(tmp_path / "artifact")
+    for batch in (1, 2, 5):
+        x = rng.standard_normal((batch, *item_shape)).astype("float32")
+        want = keras_reference(model, x)
+        assert_close(run(to_nchw(x)), want)
+        assert_close(runtime.infer(to_nchw(x)), want)
+
+
 def test_keras_dynamic_batch_with_a_reshape_head_in_nchw(rng, tmp_path):
     """Keras's MobileNet head (pooled map, 1x1 convolution, Reshape to (classes,)) with a dynamic batch: the
     RESHAPE's new shape ``(batch, 6)`` kept the importer's ``batch`` when the NCHW wrapper was inlined by TVM's
@@ -161,14 +174,7 @@ def test_keras_dynamic_batch_with_a_reshape_head_in_nchw(rng, tmp_path):
     model = keras.Model(image, logits)
     ir = forge.from_keras(model, shape={"image": (None, 3, 8, 8)})
     assert ir.input_shapes == [(-1, 3, 8, 8)] and ir.output_shapes == [(-1, 6)]
-    run = ir.get_inference_function()
-    ir.compile(output_path=tmp_path / "artifact")
-    runtime = forge.Runtime(tmp_path / "artifact")
-    for batch in (1, 2, 5):
-        x = rng.standard_normal((batch, 8, 8, 3)).astype("float32")
-        want = keras_reference(model, x)
-        assert_close(run(to_nchw(x)), want)
-        assert_close(runtime.infer(to_nchw(x)), want)
+    check_dynamic_batch(model, ir, (8, 8, 3), rng, tmp_path)
 
 
 def test_keras_cropping_with_a_dynamic_batch_through_tf2onnx(rng, tmp_path, caplog):
@@ -189,14 +195,7 @@ def test_keras_cropping_with_a_dynamic_batch_through_tf2onnx(rng, tmp_path, capl
         ir = forge.from_keras(model, shape={"image": (None, 3, 9, 9)})
     assert "tf2onnx" in caplog.text, "the model should take the ONNX route this test is about"
     assert ir.input_shapes == [(-1, 3, 9, 9)] and ir.output_shapes == [(-1, 5)]
-    run = ir.get_inference_function()
-    ir.compile(output_path=tmp_path / "artifact")
-    runtime = forge.Runtime(tmp_path / "artifact")
-    for batch in (1, 2, 5):
-        x = rng.standard_normal((batch, 9, 9, 3)).astype("float32")
-        want = keras_reference(model, x)
-        assert_close(run(to_nchw(x)), want)
-        assert_close(runtime.infer(to_nchw(x)), want)
+    check_dynamic_batch(model, ir, (9, 9, 3), rng, tmp_path)
 
 
 def test_keras_two_inputs_share_one_dynamic_batch(rng):
