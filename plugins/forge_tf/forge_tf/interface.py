@@ -8,7 +8,8 @@ returns the outputs in another order or layout. The old body is kept as it is,
 its symbolic dims included, so the module keeps a single Relax function and the
 computation itself is unchanged (transposes are exact). TVM's inliner is not
 used: it renamed dims it then left unbound in a reshape's ``ShapeExpr``, and it
-recursed without end on Keras's NASNetMobile with a dynamic batch (a crash).
+lost the shapes of a body imported through tf2onnx with a dynamic batch
+("emit_te now only supports Tensor that has ShapeExpr shape").
 """
 
 from __future__ import annotations
