@@ -47,6 +47,14 @@ def test_info_with_a_shape_override(model_path):
     assert "x: (?, 3, 16, 16) float32" in done.stdout
 
 
+def test_info_on_a_cuda_artifact_names_its_arch(model_path, tmp_path):
+    """A user cannot tell what a CUDA library holds from its file: ``forge info`` says the arch it was built
+    for and how its kernels are stored."""
+    forge_cli("compile", model_path, "-o", tmp_path / "cuda", "--target", "cuda -arch=sm_80")
+    done = forge_cli("info", tmp_path / "cuda")
+    assert re.search(r"gpu arch\s+sm_80; kernels as CUDA source", done.stdout), done.stdout
+
+
 def test_compile_then_run_with_inputs(model_path, tmp_path):
     out = tmp_path / "artifact"
     forge_cli("compile", model_path, "-o", out, "--target", "llvm", "--opt-level", "2", "--export-metadata",

@@ -116,6 +116,10 @@ def _artifact_info(args: argparse.Namespace) -> int:
     table.add_row("uuid", document.get("uuid", "?"))
     table.add_row("target", (document.get("target") or {}).get("string", "?"))
     table.add_row("device", str(document.get("device_type")))
+    config = (document.get("target") or {}).get("config") or {}
+    if config.get("kind") == "cuda":
+        table.add_row("gpu arch", f"{config.get('arch') or 'not named (TVM chose sm_50)'}; kernels as CUDA source, "
+                                  "compiled when the library loads")
     table.add_row("precision", str(document.get("precision")))
     table.add_row("opt_level", str(document.get("opt_level")))
     table.add_row("created", f"{document.get('created')} (Forge {document.get('forge_version')}, "
