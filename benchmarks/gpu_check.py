@@ -152,7 +152,9 @@ def build(out: Path, arch: str, models: list[str]) -> None:
     import torch
 
     import forge
+    from forge_core.runtime.cpu_features import describe_host
 
+    print(describe_host(), "(the machine that builds the bundle)", flush=True)
     if out.exists():
         shutil.rmtree(out)
     (out / "cubins").mkdir(parents=True)
@@ -249,6 +251,7 @@ def run(bundle: Path, torch_compile: bool, isolate: bool = False, only: str | No
     import tvm  # registers TVM's own callback (NVRTC through its compiler library), replaced below
 
     from forge_core.runtime import Runtime
+    from forge_core.runtime.cpu_features import describe_host
 
     cubins = {p.stem: p.read_bytes() for p in (bundle / "cubins").glob("*.cubin")}
     answered: list[str] = []
@@ -270,6 +273,7 @@ def run(bundle: Path, torch_compile: bool, isolate: bool = False, only: str | No
         gpu = f"{torch.cuda.get_device_name(0)}; torch {torch.__version__}"
     except Exception as error:  # a dry run without torch or a GPU
         torch, gpu = None, f"no torch GPU ({type(error).__name__})"
+    print(describe_host(), "(the GPU machine's host)", flush=True)
     print(f"GPU: {gpu}; TVM runtime only: "
           f"{getattr(tvm.base, '_RUNTIME_ONLY', '?')}; cudart: {cudart}", flush=True)
     for entry in manifest["models"]:
