@@ -23,6 +23,8 @@ loads through the ``tvm_callback_cuda_compile`` callback; ``run`` answers it
 with the cubin nvcc built here for that source (no NVRTC, no compiler
 library). Prints a table and writes ``gpu_check.json`` into the bundle.
 
+A model's name may end in ``@N`` for batch N (``--models mobilenetv2@8,bert2@8``).
+
 Models (``benchmarks/models.py``, random weights): MobileNetV2 (224x224) in
 fp32 and with ``set_float16``, a 2-layer BERT-style encoder (hidden 256,
 vocabulary 1024, sequence 128), a DBNet-style detector (320x320), and the
@@ -55,14 +57,15 @@ def _torch_model(name: str):
 
     import torch
 
-    base = name.split("_")[0]
+    base, _, batch_text = name.partition("@")  # "mobilenetv2_fp16@8": batch 8
+    base, batch = base.split("_")[0], int(batch_text or 1)
     if base == "mobilenetv2":
-        return randomized(MobileNetV2(), seed=1), torch.randn(1, 3, 224, 224), "image"
+        return randomized(MobileNetV2(), seed=1), torch.randn(batch, 3, 224, 224), "image"
     if base == "bert2":
         model = randomized(BertEncoder(layers=2, hidden=256, heads=4, vocab=1024), seed=2)
-        return model, torch.randint(0, 1024, (1, 128), generator=torch.Generator().manual_seed(0)), "input_ids"
+        return model, torch.randint(0, 1024, (batch, 128), generator=torch.Generator().manual_seed(0)), "input_ids"
     if base == "dbnet":
-        return randomized(DBNet(), seed=3), torch.rand(1, 3, 320, 320), "image"
+        return randomized(DBNet(), seed=3), torch.rand(batch, 3, 320, 320), "image"
     if base == "vad":
         return randomized(VoiceActivity(), seed=4), torch.randn(1, 8, 576) * 0.1, "audio"
     if base == "vadencoder":  # the voice-activity model's convolutions alone
@@ -172,10 +175,10 @@ def build(out: Path, arch: str, models: list[str]) -> None:
         want = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).run(None, {input_name: x})
         ir = forge.from_onnx(onnx_path)
         started = time.perf_counter()
-        kwargs = {"set_float16": True} if name.endswith("fp16") else {}
+        kwargs = {"set_float16": True} if "fp16" in name else {}
         plain = out / name
         ir.compile(target=f"cuda -arch={arch}", output_path=plain, **kwargs)
-        if name.endswith("encrypted"):  # the cubins come from the plain library; the run opens the encrypted one
+        if "encrypted" in name:  # the cubins come from the plain library; the run opens the encrypted one
             library = (plain / "model_library.so").read_bytes()
             shutil.rmtree(plain)
             ir.compile(target=f"cuda -arch={arch}", output_path=plain, encrypt_password=PASSWORD)
@@ -187,8 +190,8 @@ def build(out: Path, arch: str, models: list[str]) -> None:
             (out / "cubins" / f"{digest}.cubin").write_bytes(_cubin(source, arch, work))
         np.savez(out / f"{name}_data.npz", *want, x=x)
         manifest["models"].append({"name": name, "input": input_name, "outputs": len(want),
-                                   "encrypted": name.endswith("encrypted"), "compile_s": round(compile_s, 1),
-                                   "fp16": name.endswith("fp16")})
+                                   "encrypted": "encrypted" in name, "compile_s": round(compile_s, 1),
+                                   "fp16": "fp16" in name})
         print(f"built {name} in {compile_s:.1f} s", flush=True)
     shutil.rmtree(work)
     _runtime_packages(out)
