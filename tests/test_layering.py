@@ -52,39 +52,33 @@ _COMPILER_SIDE = ("forge_core.compiler", "forge_core.ir", "forge_core.schedules"
 def test_the_runtime_and_security_import_nothing_of_the_compiler():
     """The light runtime (and the decryption it uses, and ``forge rpc-server`` on a board) ships without the
     compiler side."""
-    offending = []
-    for package in ("runtime", "security", "remote"):
-        for path in sorted((CORE / package).rglob("*.py")):
-            tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-            for node in ast.walk(tree):
-                names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
-                         else [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
-                offending += [f"{path.relative_to(CORE.parent)}:{node.lineno}: {name}" for name in names
-                              if name.startswith(_COMPILER_SIDE)]
+    offending = [f"{path.relative_to(CORE.parent)}:{line}: {name}"
+                 for package in ("runtime", "security", "remote") for path in sorted((CORE / package).rglob("*.py"))
+                 for line, name in _imports(path) if name.startswith(_COMPILER_SIDE)]
     assert not offending, "\n".join(offending)
-
 
 
 _TVM_RUNTIME_SIDE = ("tvm.runtime", "tvm.rpc", "tvm.base", "tvm.libinfo", "tvm.error")
 
 
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """``(line, module)`` for each import in ``path``; ``from tvm import relax`` gives ``tvm.relax``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module == "tvm":
+            found += [(node.lineno, f"tvm.{alias.name}") for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.append((node.lineno, node.module))
+    return found
+
+
 def _tvm_compiler_imports(path: Path, root: Path = CORE.parent) -> list[str]:
     """``file:line: module`` for each import of a TVM module beyond its runtime library's (``tvm.relax``,
-    ``tvm.target``...), ``from tvm import relax`` included."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module == "tvm":
-            names = [f"tvm.{alias.name}" for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names = [node.module]
-        else:
-            continue
-        found += [f"{path.relative_to(root).as_posix()}:{node.lineno}: {name}" for name in names
-                  if name.startswith("tvm.") and not name.startswith(_TVM_RUNTIME_SIDE)]
-    return found
+    ``tvm.target``...)."""
+    return [f"{path.relative_to(root).as_posix()}:{line}: {name}" for line, name in _imports(path)
+            if name.startswith("tvm.") and not name.startswith(_TVM_RUNTIME_SIDE)]
 
 
 def test_the_runtime_imports_only_tvm_runtime_library(tmp_path):

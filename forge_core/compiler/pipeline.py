@@ -1,7 +1,7 @@
 """The passes ``compile()`` runs: graph preparation, then TVM's build by target.
 
 Graph preparation (Forge):
-    bind ``params`` as constants; a quantized module's QDQ operators into
+    bind ``params`` as constants; names made C identifiers (every target); a quantized module's QDQ operators into
     integer ones (``lower_quantized``); ``opt_level >= 3``: the ``remove_dropout``
     pass, decompose inference ops (batch norm, layer norm...) and canonicalize
     bindings; channel layout
@@ -10,7 +10,7 @@ Graph preparation (Forge):
     ``fast_math`` pass (vectorizable exp/erf/tanh, a few ulps); ``opt_level 4``:
     LLVM fast-math flags.
 Build (TVM's per-target stages):
-    names made C identifiers (every target), library dispatch, legalization and fusion (fusion from ``opt_level >= 1``),
+    library dispatch, legalization and fusion (fusion from ``opt_level >= 1``),
     schedules (GPU: TVM's dlight rules), dataflow lowering, memory planning;
     TVM's TIR lowering with small CPU buffers on the stack
     (:mod:`forge_core.compiler.tir_pipeline`).
@@ -87,10 +87,8 @@ def _legalize_passes(target: tvm.target.Target, opt_level: int) -> list[tvm.tran
 
 
 def lowering_passes(target: tvm.target.Target, opt_level: int) -> list[tvm.transform.Pass]:
-    """Names made C identifiers (:mod:`forge_core.compiler.c_names`), library dispatch, legalization and fusion:
-    the module's PrimFuncs as schedules (and tuning) see them."""
-    return [plain_names, *_backend_stages(target).library_dispatch_passes(target),
-            *_legalize_passes(target, opt_level)]
+    """Library dispatch, legalization and fusion: the module's PrimFuncs as schedules (and tuning) see them."""
+    return list(_backend_stages(target).library_dispatch_passes(target)) + _legalize_passes(target, opt_level)
 
 
 def lower_to_tir(mod: tvm.IRModule, target: tvm.target.Target, opt_level: int) -> tvm.IRModule:

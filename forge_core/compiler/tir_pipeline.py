@@ -40,6 +40,8 @@ import tvm_ffi
 from tvm import tirx
 from tvm.tirx import compilation_pipeline
 
+from forge_core.passes import replace_functions
+
 PIPELINE = "forge"
 STACK_LIMIT = 16 * 1024  # bytes: well inside a worker thread's stack (8 MiB by default on Linux)
 _ANNOTATION = "disable_lower_builtin"  # tvm::tirx::transform::kDisableLowerTVMBuiltin
@@ -71,23 +73,23 @@ def _runs_on_cpu(func: tirx.PrimFunc) -> bool:
     return target is None or target.get_target_device_type() == tvm_ffi.DLDeviceType.kDLCPU
 
 
-def _launches_device_code(mod: tvm.IRModule) -> bool:
-    return any(isinstance(f, tirx.PrimFunc) and not _runs_on_cpu(f) for f in mod.functions.values())
-
-
-@tirx.transform.prim_func_pass(opt_level=0, name="forge.KeepSmallBuffersOnStack")
-def keep_small_buffers_on_stack(func: tirx.PrimFunc, mod: tvm.IRModule,
-                                _ctx: tvm.transform.PassContext) -> tirx.PrimFunc:
-    """Mark a CPU function's allocations of at most :data:`STACK_LIMIT` bytes as stack arrays (see the module doc).
+@tvm.transform.module_pass(opt_level=0, name="forge.KeepSmallBuffersOnStack")
+def keep_small_buffers_on_stack(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+    """Mark each CPU function's allocations of at most :data:`STACK_LIMIT` bytes as stack arrays (see the module doc).
 
     Not in a module with device kernels: there the host functions allocate the kernels' buffers (a recurrent
     kernel's state) for the device, and a stack array handed to a GPU kernel is a host address
     (``cudaErrorIllegalAddress`` on an H200).
     """
-    if not _runs_on_cpu(func) or _launches_device_code(mod):
-        return func
-    body = tvm_ffi.structural_map(func.body, [(tirx.AllocBuffer, _on_stack)])
-    return func if body.same_as(func.body) else func.with_body(body)
+    funcs = [(gv, f) for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)]
+    if not all(_runs_on_cpu(func) for _, func in funcs):
+        return mod
+    updated = {}
+    for gv, func in funcs:
+        body = tvm_ffi.structural_map(func.body, [(tirx.AllocBuffer, _on_stack)])
+        if not body.same_as(func.body):
+            updated[gv] = func.with_body(body)
+    return replace_functions(mod, updated)
 
 
 def _llvm_nearbyint(call: tvm.ir.expr.Call) -> tvm.ir.expr.Expr:
