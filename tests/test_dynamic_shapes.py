@@ -299,6 +299,20 @@ def test_slice_with_open_ends_on_dynamic_axes(case, tmp_path):
         close(runtime.infer(x)[0], want)
 
 
+@pytest.mark.parametrize("opt_level", [0, 1, 2, 3, 4])
+def test_open_end_crops_without_an_epilogue_at_every_opt_level(opt_level, tmp_path):
+    """The two crops added (a residual) and nothing after them, compiled at each opt_level; onnxruntime's
+    numbers at two sizes (opt_level 4: LLVM's fast-math flags, a few ulps)."""
+    graph = oh.make_graph(OPEN_END_SLICES["crop-every-axis"], "crops",
+                          [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, "h", "w"])],
+                          [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["yn", 3, "yh", "yw"])])
+    data = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 13)], ir_version=8).SerializeToString()
+    forge.from_onnx(data).compile(output_path=tmp_path / "artifact", opt_level=opt_level)
+    runtime = forge.Runtime(tmp_path / "artifact")
+    for x, want in references(data, [(2, 3, 5, 7), (1, 3, 9, 3)]):
+        close(runtime.infer(x)[0], want)
+
+
 # --- If on an input value, branches squeezing a dynamic length ----------------------------------------------------
 
 def _branch(name: str, frame: int, rng: np.random.Generator) -> onnx.GraphProto:
