@@ -23,8 +23,7 @@ from onnx import numpy_helper
 import forge
 from forge_core.compiler.c_names import c_identifier, is_c_identifier
 
-pytest.importorskip("torch", reason="test_dynamic_shapes.py's helpers import torch (the test extra)")
-from test_dynamic_shapes import check_with_nvcc, cuda_source  # noqa: E402
+from cuda_checks import check_cuda_library, cuda_compiles
 
 INPUT, OTHER = "gpu_0/data-0", "int"
 
@@ -61,19 +60,19 @@ def kernel_parameters(source: str) -> list[str]:
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_kernel_parameters_are_c_identifiers_and_nvcc_compiles_them(arch, tmp_path):
+def test_kernel_parameters_are_c_identifiers_and_nvcc_compiles_them(arch, tmp_path, monkeypatch):
+    sources = cuda_compiles(monkeypatch)
     ir = forge.from_onnx(odd_names_model())
     ir.compile(target=f"cuda -arch={arch}", output_path=tmp_path / "cuda")
-    source = cuda_source(tmp_path / "cuda" / "model_library.so")
-    params = kernel_parameters(source.decode())
+    params = kernel_parameters(sources[0])
     assert params, "no kernel parameter found"
     assert all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) for name in params), params
     assert "gpu_0_data_0_ptr" in params  # the input's name, made plain, still says which it is
-    check_with_nvcc(source, tmp_path)
+    assert check_cuda_library(tmp_path / "cuda" / "model_library.so", arch)  # nvcc compiled them
     # the module the user holds keeps its names, and a second build gives the same kernels
     assert [spec.name for spec in ir.input_specs] == [INPUT, OTHER]
     ir.compile(target=f"cuda -arch={arch}", output_path=tmp_path / "again")
-    assert cuda_source(tmp_path / "again" / "model_library.so") == source
+    assert sources[1] == sources[0]
 
 
 def test_the_same_model_on_the_cpu_gives_onnxruntime_numbers(tmp_path):

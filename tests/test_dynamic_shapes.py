@@ -17,6 +17,7 @@ The models are built the way real ones are, and exported by torch's TorchScript 
 from __future__ import annotations
 
 import io
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -36,6 +37,7 @@ import tvm  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import models as benchmark_models  # noqa: E402
+from cuda_checks import check_cuda_library, cuda_compiles  # noqa: E402
 
 nn = torch.nn
 
@@ -405,17 +407,15 @@ def test_resize_scale_on_a_dynamic_axis_is_checked_when_the_model_runs(mode, sca
 
 # --- other target classes -----------------------------------------------------------------------------------------
 
-def test_dynamic_recognizer_builds_for_cuda_and_its_kernels_compile_with_nvcc(tmp_path):
+def test_dynamic_recognizer_builds_for_cuda_and_its_kernels_compile_with_nvcc(tmp_path, monkeypatch):
     """The kernels' CUDA source (dynamic extents as kernel arguments; the recurrent kernel's states sized by the
-    dynamic batch) compiles, with the torch exporter's node names (``/c1/Conv``) as they are."""
-    import re
-
+    dynamic batch) compiles to machine code, with the torch exporter's node names (``/c1/Conv``) as they are."""
     factory, example_shape, axes = CASES["recognizer"][:3]
     data = export(benchmark_models.randomized(factory()), torch.randn(example_shape), axes)
+    sources = cuda_compiles(monkeypatch)
     forge.from_onnx(data).compile(target="cuda -arch=sm_90", output_path=tmp_path / "cuda")
-    source = cuda_source(tmp_path / "cuda" / "model_library.so")
-    assert re.search(rb"int64_t (batch|width)\b", source), "no kernel takes a dynamic extent"
-    check_with_nvcc(source, tmp_path)
+    assert len(sources) == 1 and re.search(r"int64_t (batch|width)\b", sources[0]), "no kernel takes a dynamic extent"
+    assert check_cuda_library(tmp_path / "cuda" / "model_library.so", "sm_90")
 
 
 def test_a_gpu_rule_that_fails_on_a_dynamic_kernel_leaves_it_to_the_next_rule(tmp_path):
@@ -435,42 +435,11 @@ def test_a_gpu_rule_that_fails_on_a_dynamic_kernel_leaves_it_to_the_next_rule(tm
         dlight.gpu.Matmul().apply(kernel, target, False)
     with target:
         mod = dlight.ApplyDefaultSchedule(*gpu_rules())(tvm.IRModule({"se_block": kernel}))
-    tvm.compile(mod, target=target).export_library(tmp_path / "kernel.so")
-    check_with_nvcc(cuda_source(tmp_path / "kernel.so"), tmp_path)
+    from forge_core.compiler.cuda_code import Nvcc, packer
 
-
-def cuda_source(library_path: Path) -> bytes:
-    """The CUDA source TVM stores in a CUDA library: the text from its first line to its last closing brace.
-
-    The source is stored with its length, not a terminating NUL, and the bytes after it may be anything (a run
-    of the full suite once took a byte 0xa0 into it, which nvcc refused): the text ends at the first byte that
-    is not printable ASCII, then at its last ``}``.
-    """
-    import re
-
-    library = library_path.read_bytes()
-    assert b'extern "C" __global__' in library, "no CUDA kernel source in the library"
-    start = library.find(b"#if (((__CUDACC_VER_MAJOR__")  # the source's first line, as TVM's codegen writes it
-    start = start if start >= 0 else library.find(b'extern "C" __global__')
-    text = re.match(rb"[\t\n\r\x20-\x7e]*", library[start:]).group(0)
-    return text[:text.rfind(b"}") + 1] + b"\n"
-
-
-def check_with_nvcc(source: bytes, tmp_path: Path) -> None:
-    """nvcc compiles ``source`` to PTX for sm_90 (skips where nvcc is not installed).
-
-    PTX, not an object: the CUDA front end is what refuses a kernel that is not valid CUDA C++ (the parameter
-    names of the CUDA issue, an undefined extent); ptxas adds a third of the time (DBNet: 58 s against 40 s).
-    """
-    import shutil
-    import subprocess
-
-    if shutil.which("nvcc") is None:
-        pytest.skip("nvcc is not installed: the CUDA source was not compiled")
-    (tmp_path / "kernels.cu").write_bytes(source)
-    done = subprocess.run(["nvcc", "-arch=sm_90", "-ptx", str(tmp_path / "kernels.cu"), "-o", str(tmp_path / "k.ptx")],
-                          capture_output=True, text=True, errors="replace", check=False)
-    assert done.returncode == 0, done.stderr[-2000:]
+    tvm.compile(mod, target=target).export_library(tmp_path / "kernel.so", fpack_imports=packer("sm_90", Nvcc.find()))
+    kernels = check_cuda_library(tmp_path / "kernel.so", "sm_90")
+    assert kernels and all(name.startswith("se_block_kernel") for name in kernels), kernels
 
 
 def test_dynamic_models_build_for_aarch64(tmp_path):

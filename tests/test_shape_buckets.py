@@ -153,8 +153,8 @@ def test_cli_shape_bucket(tmp_path):
 
 def test_bucketed_detector_builds_for_cuda_and_its_kernels_compile_with_nvcc(tmp_path):
     """On GPUs TVM's dlight rules schedule the bucket's static kernels beside the generic ones; a bucket's
-    kernels take no dynamic extent."""
-    from test_dynamic_shapes import check_with_nvcc, cuda_source
+    kernels take no dynamic extent. nvcc compiles them all into the library's fatbin."""
+    from cuda_checks import check_cuda_library
 
     factory, example_shape, axes, sizes, _, _ = CASES["detector"]
     data = export(benchmark_models.randomized(factory()), torch.randn(example_shape), axes)
@@ -162,7 +162,9 @@ def test_bucketed_detector_builds_for_cuda_and_its_kernels_compile_with_nvcc(tmp
                                   shape_buckets=[{"x": sizes[2]}], export_metadata=True)
     metadata = json.loads((tmp_path / "cuda" / "model_metadata.json").read_text())
     assert metadata["shape_buckets"][0]["function"] == "main_bucket0"
-    check_with_nvcc(cuda_source(tmp_path / "cuda" / "model_library.so"), tmp_path)
+    kernels = check_cuda_library(tmp_path / "cuda" / "model_library.so", "sm_90")
+    assert any(name.endswith("_static_kernel") for name in kernels), kernels  # the bucket's
+    assert any(not name.endswith("_static_kernel") for name in kernels), kernels
 
 
 def test_bucketed_recognizer_builds_for_aarch64(tmp_path):

@@ -18,6 +18,7 @@ import json
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from forge_core.compiler.artifact import Artifact
 from forge_core.hookspecs import hookimpl
@@ -30,13 +31,14 @@ def _link(artifact: Artifact, path: Path, name: Path | None = None) -> None:
     the process it runs in when a write fails (disk full); ``name`` is the path an error names."""
     from forge_core.compiler.isolation import run_forked
 
-    fcompile = artifact.toolchain.fcompile
+    options: dict[str, Any] = {}
+    if artifact.toolchain.fcompile is not None:
+        options["fcompile"] = artifact.toolchain.fcompile
+    if artifact.toolchain.pack_imports is not None:  # a GPU's kernels, as machine code
+        options["fpack_imports"] = artifact.toolchain.pack_imports
 
     def export() -> None:
-        if fcompile is None:
-            artifact.executable.export_library(str(path))
-        else:
-            artifact.executable.export_library(str(path), fcompile=fcompile)
+        artifact.executable.export_library(str(path), **options)
 
     run_forked(export, name or path)
 

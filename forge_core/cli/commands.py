@@ -118,8 +118,15 @@ def _artifact_info(args: argparse.Namespace) -> int:
     table.add_row("device", str(document.get("device_type")))
     config = (document.get("target") or {}).get("config") or {}
     if config.get("kind") == "cuda":
-        table.add_row("gpu arch", f"{config.get('arch') or 'not named (TVM chose sm_50)'}; kernels as CUDA source, "
-                                  "compiled when the library loads")
+        code = document.get("cuda")
+        if code:
+            table.add_row("gpu arch", f"{code.get('arch')}; kernels as a {code.get('code')} of "
+                                      f"{' + '.join(code.get('contents', []))}, built by nvcc {code.get('nvcc')} "
+                                      "(CUDA {0}); loads with the driver alone".format(
+                                          ".".join(str(code.get("nvcc")).split(".")[:2])))
+        else:  # an artifact of an earlier Forge
+            table.add_row("gpu arch", f"{config.get('arch') or 'not named'}; kernels as CUDA source, compiled when "
+                                      "the library loads (TVM's compiler library and NVRTC needed)")
     table.add_row("precision", str(document.get("precision")))
     table.add_row("opt_level", str(document.get("opt_level")))
     table.add_row("created", f"{document.get('created')} (Forge {document.get('forge_version')}, "

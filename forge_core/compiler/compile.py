@@ -175,6 +175,8 @@ def compile_module(
     )
     if buckets:
         document["shape_buckets"] = buckets
+    if toolchain.device_code is not None:
+        document["cuda"] = toolchain.device_code
     final_ir = mod
     mod = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
     mod[schema.METADATA_FUNCTION] = metadata_function(document)

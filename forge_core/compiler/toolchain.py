@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +38,15 @@ _GNU_CROSS = {
 
 @dataclass(frozen=True)
 class Toolchain:
-    """How to link the library: ``fcompile`` for ``export_library`` (None: TVM's default)."""
+    """How to link the library: ``fcompile`` for ``export_library`` (None: TVM's default), and for a GPU
+    target ``pack_imports`` (``export_library``'s ``fpack_imports``), which puts the kernels' machine code in
+    the library, and ``device_code``, the metadata entry that says what that code is."""
 
     description: str
     fcompile: Callable[..., Any] | None
     machine: str
+    pack_imports: Callable[..., str] | None = None
+    device_code: dict[str, Any] | None = None
 
 
 def _triple(target: tvm.target.Target) -> str:
@@ -91,7 +95,26 @@ def _android_compiler(triple: str) -> Path:
 
 
 def toolchain_for(target: tvm.target.Target) -> Toolchain:
-    """The toolchain that links a library for ``target``'s CPU side, or a CompilationError naming what to install."""
+    """The toolchain that links a library for ``target``, or a CompilationError naming what to install.
+
+    A CUDA target's kernels are compiled by nvcc (:mod:`forge_core.compiler.cuda_code`), found here, before
+    any build.
+    """
+    cpu = _cpu_toolchain(target)
+    if target.kind.name != "cuda":
+        return cpu
+    from forge_core.compiler import cuda_code
+
+    nvcc = cuda_code.Nvcc.find()
+    arch = str(target.attrs["arch"])
+    nvcc.check_arch(arch)
+    fast_math = bool(target.attrs.get("fast-math", False))
+    return replace(cpu, description=f"{cpu.description}; nvcc {nvcc.version} for {arch}",
+                   pack_imports=cuda_code.packer(arch, nvcc, fast_math=fast_math),
+                   device_code=cuda_code.code_entry(nvcc, arch))
+
+
+def _cpu_toolchain(target: tvm.target.Target) -> Toolchain:
     triple = _triple(target)
     arch = _arch(triple)
     if "android" in triple:

@@ -220,6 +220,12 @@ def resolve_target(target: TargetLike, host: TargetLike | None = None, *, host_c
         # absent, TVM's GPU rules logged "Target cuda missing 'max_shared_memory_per_block'" once per kernel.
         for key, value in _CUDA_LIMITS.items():
             config.setdefault(key, value)
+        if "arch" not in config:
+            # TVM chose sm_50 where no GPU is present, which CUDA 13's nvcc no longer builds: this machine's GPU,
+            # else the oldest arch CUDA 13 builds for, whose PTX every later GPU runs.
+            from forge_core.compiler.cuda_code import default_arch
+
+            config["arch"] = default_arch()
     host_config = target_config(host) if host is not None else config.pop("host", None)
     if host_config is not None:
         host_config = fill(host_config)
