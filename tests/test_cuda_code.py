@@ -15,10 +15,12 @@ import json
 import os
 import stat
 
+import jsonschema
 import pytest
 
 import forge
 from forge_core.compiler import cuda_code
+from forge_core.runtime import metadata as schema
 from model_factory import conv_bn_net
 
 from cuda_checks import check_cuda_library, cuda_compiles
@@ -46,7 +48,9 @@ def test_the_library_holds_a_fatbin_for_the_arch_and_says_so(model, tmp_path):
     forge.from_onnx(model).compile(target="cuda -arch=sm_86", output_path=tmp_path / "a", export_metadata=True)
     kernels = check_cuda_library(tmp_path / "a" / "model_library.so", "sm_86")
     assert any("conv2d" in name for name in kernels), kernels
-    entry = json.loads((tmp_path / "a" / "model_metadata.json").read_text())["cuda"]
+    document = json.loads((tmp_path / "a" / "model_metadata.json").read_text())
+    jsonschema.validate(document, schema.JSON_SCHEMA)
+    entry = document["cuda"]
     assert entry["arch"] == "sm_86" and entry["code"] == "fatbin"
     assert entry["contents"] == ["sm_86", "compute_86"] and entry["nvcc"].startswith(("12.", "13."))
 

@@ -47,6 +47,10 @@ Schema, version 1 (``schema_version``)::
                      [{"function": "main_bucket0", "inputs": {input name: shape}}], a function of
                      the library per bucket, compiled for those exact shapes; the runtime calls
                      the bucket whose shapes the inputs have, and "main" for any other size
+    cuda             only for a CUDA target: {"arch": "sm_90", "code": "fatbin", "contents": ["sm_90",
+                     "compute_90"], "nvcc": "13.0.88"}, what the library's kernels are (machine
+                     code for the arch, and its PTX unless the arch is arch-specific) and
+                     the nvcc that built them (absent from artifacts that held CUDA source)
     quantization     optional, present when quantize() made the module: its settings
                      (activation_dtype, kernel_dtype, bias_dtype, per_channel, calib_method,
                      quant_type, excluded) and "layers": {output node: {"kind", "node",
@@ -143,6 +147,12 @@ JSON_SCHEMA: dict[str, Any] = {
                       "properties": {"function": {"type": "string"},
                                      "inputs": {"type": "object", "additionalProperties": {
                                          "type": "array", "items": {"type": "integer", "minimum": 0}}}}},
+        },
+        "cuda": {
+            "type": "object",
+            "required": ["arch", "code", "contents", "nvcc"],
+            "properties": {"arch": {"type": "string"}, "code": {"enum": ["fatbin"]},
+                           "contents": {"type": "array", "items": {"type": "string"}}, "nvcc": {"type": "string"}},
         },
         "quantization": {
             "type": "object",
