@@ -1,0 +1,117 @@
+"""``set_float16`` keeps values past float16's range in float32 (``forge_core.compiler.float16_range``).
+
+A ResNet-50 with random weights whose logits reach 1.3e5 returned NaN on a GPU
+with ``set_float16``, and nothing said so. Checked here on the CPU, whose
+float16 storage rounds and overflows as a GPU's does, against onnxruntime in
+float32: a model whose second convolution's outputs pass 65504 before a scale
+brings them back.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto
+from onnx import helper as oh
+from onnx import numpy_helper
+
+import forge
+from forge_core.compiler import float16_range
+
+
+def growing_model(scale: float) -> bytes:
+    """Conv -> Relu -> Conv (weights times ``scale``: outputs near 1e5 for scale 40) -> Mul 1e-3 -> Relu ->
+    GlobalAveragePool -> Flatten -> Gemm -> Softmax."""
+    rng = np.random.default_rng(7)
+    w1 = rng.standard_normal((8, 3, 3, 3)).astype("float32") * scale
+    w2 = rng.standard_normal((8, 8, 3, 3)).astype("float32") * scale
+    fc = rng.standard_normal((5, 8)).astype("float32") * 0.01
+    inits = [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"),
+             numpy_helper.from_array(np.array(1e-3, "float32"), "shrink"), numpy_helper.from_array(fc, "fc")]
+    nodes = [
+        oh.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        oh.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        oh.make_node("Conv", ["r1", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+        oh.make_node("Mul", ["c2", "shrink"], ["m"], name="shrink_mul"),
+        oh.make_node("Relu", ["m"], ["r2"], name="relu2"),
+        oh.make_node("GlobalAveragePool", ["r2"], ["p"], name="pool"),
+        oh.make_node("Flatten", ["p"], ["f"], name="flatten"),
+        oh.make_node("Gemm", ["f", "fc"], ["g"], name="fc", transB=1),
+        oh.make_node("Softmax", ["g"], ["y"], name="softmax"),
+    ]
+    graph = oh.make_graph(nodes, "growing", [oh.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 12, 12])],
+                          [oh.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])], initializer=inits)
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    return model.SerializeToString()
+
+
+def reference(data: bytes, x: np.ndarray) -> np.ndarray:
+    return ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+
+X = np.random.default_rng(11).standard_normal((1, 3, 12, 12)).astype("float32")
+
+
+def run_float16(data: bytes, path) -> np.ndarray:
+    forge.from_onnx(data).compile(output_path=path, set_float16=True)
+    return forge.Runtime(path).infer(X)[0]
+
+
+def test_values_past_float16_stay_in_float32_and_are_named(tmp_path, caplog):
+    data = growing_model(scale=40.0)
+    ranges = float16_range.measure(forge.from_onnx(data).mod)
+    assert max(ranges.values()) > float16_range.FLOAT16_MAX  # the fixture does leave float16's range
+    with caplog.at_level(logging.WARNING, logger="forge.compile"):
+        got = run_float16(data, tmp_path / "a")
+    want = reference(data, X)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-3)
+    messages = [r.getMessage() for r in caplog.records if "stay in float32" in r.getMessage()]
+    assert len(messages) == 1 and "conv2" in messages[0], messages
+
+
+def test_without_the_check_the_same_model_gives_nan(tmp_path, monkeypatch):
+    """What the check prevents: with its limit out of reach, the conversion stores conv2 in float16."""
+    monkeypatch.setattr(float16_range, "LIMIT", float("inf"))
+    got = run_float16(growing_model(scale=40.0), tmp_path / "a")
+    assert not np.isfinite(got).all()
+
+
+def test_a_model_within_range_converts_whole_and_says_nothing(tmp_path, caplog):
+    data = growing_model(scale=0.5)
+    with caplog.at_level(logging.WARNING, logger="forge.compile"):
+        got = run_float16(data, tmp_path / "a")
+    np.testing.assert_allclose(got, reference(data, X), rtol=2e-2, atol=2e-3)
+    assert not [r for r in caplog.records if "float16" in r.getMessage()]
+    ir = forge.from_onnx(data)
+    ir.apply_pass("set_float16")  # the pass alone: the weights held outside the IR are bound for the check
+    assert "float16" in ir.mod.script()
+
+
+def test_the_pass_alone_keeps_the_range_with_the_weights_held_outside(caplog):
+    ir = forge.from_onnx(growing_model(scale=40.0))
+    with caplog.at_level(logging.WARNING, logger="forge.compile"):
+        ir.apply_pass("set_float16")
+    assert any("stay in float32" in r.getMessage() and "conv2" in r.getMessage() for r in caplog.records)
+
+
+def test_a_check_that_cannot_run_is_said(tmp_path, caplog, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise RuntimeError("no CPU build for this model")
+
+    monkeypatch.setattr(float16_range, "measure", refuse)
+    with caplog.at_level(logging.WARNING, logger="forge.compile"):
+        forge.from_onnx(growing_model(scale=0.5)).compile(output_path=tmp_path / "a", set_float16=True)
+    assert any("were not checked" in r.getMessage() and "no CPU build" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("opt_level", [1, 3])
+def test_every_opt_level_keeps_the_range(tmp_path, opt_level):
+    data = growing_model(scale=40.0)
+    forge.from_onnx(data).compile(output_path=tmp_path / "a", set_float16=True, opt_level=opt_level)
+    np.testing.assert_allclose(forge.Runtime(tmp_path / "a").infer(X)[0], reference(data, X), rtol=2e-2, atol=2e-3)
