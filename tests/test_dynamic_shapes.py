@@ -315,6 +315,64 @@ def test_open_end_crops_without_an_epilogue_at_every_opt_level(opt_level, tmp_pa
         close(runtime.infer(x)[0], want)
 
 
+# --- Pad with pads computed from dynamic dims (tf2onnx's SAME padding) ---------------------------------------------
+
+def _same_padding(mode: str) -> list[onnx.NodeProto]:
+    """tf2onnx's SAME padding of a stride-2, 3-wide window over a dynamic height and width:
+    ``pad = max((ceil(n / 2) - 1) * 2 + 3 - n, 0)``, half before (rounded down), the rest after; then a 3x3
+    stride-2 convolution-like average pool, as the padded map feeds one."""
+    return [_SHAPE, _const("st", [2]), _const("en", [4]), oh.make_node("Slice", ["s", "st", "en"], ["hw"]),
+            oh.make_node("Cast", ["hw"], ["hwf"], to=TensorProto.FLOAT), _const("two_f", np.float32(2.0)),
+            oh.make_node("Div", ["hwf", "two_f"], ["q"]), oh.make_node("Ceil", ["q"], ["cq"]),
+            oh.make_node("Cast", ["cq"], ["cqi"], to=TensorProto.INT64), _const("one", np.int64(1)),
+            _const("two", np.int64(2)), _const("three", np.int64(3)), _const("zero", np.int64(0)),
+            oh.make_node("Sub", ["cqi", "one"], ["a"]), oh.make_node("Mul", ["a", "two"], ["b"]),
+            oh.make_node("Add", ["b", "three"], ["c"]), oh.make_node("Sub", ["c", "hw"], ["d"]),
+            oh.make_node("Max", ["d", "zero"], ["pad"]), oh.make_node("Div", ["pad", "two"], ["before"]),
+            oh.make_node("Sub", ["pad", "before"], ["after"]), _const("z2", [0, 0]),
+            oh.make_node("Concat", ["z2", "before", "z2", "after"], ["pads"], axis=0),
+            oh.make_node("Pad", ["x", "pads"], ["padded"], mode=mode),
+            oh.make_node("AveragePool", ["padded"], ["y"], kernel_shape=[3, 3], strides=[2, 2])]
+
+
+@pytest.mark.parametrize("mode", ["constant", "edge", "reflect"])
+def test_pad_with_pads_computed_from_dynamic_dims(mode, tmp_path):
+    """TVM's converter refused pads that are not constants ("Dynamic pads are not supported yet"): tf2onnx
+    computes SAME padding from the input's shape. The pads become expressions of the dims; onnxruntime's
+    numbers at three sizes (odd and even), from the inference function and one artifact."""
+    graph = oh.make_graph(_same_padding(mode), "same", [oh.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                   ["n", 3, "h", "w"])],
+                          [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["yn", 3, "yh", "yw"])])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 13)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    data = model.SerializeToString()
+    ir = forge.from_onnx(data)
+    assert ir.input_shapes == [(-1, 3, -1, -1)]
+    run = ir.get_inference_function()
+    ir.compile(output_path=tmp_path / "artifact")
+    runtime = forge.Runtime(tmp_path / "artifact")
+    for x, want in references(data, [(1, 3, 5, 5), (2, 3, 6, 9), (1, 3, 17, 4)]):
+        close(run(x), want)
+        close(runtime.infer(x)[0], want)
+
+
+def test_a_computed_pad_that_would_crop_is_refused_when_the_model_runs():
+    """Pads of ``8 - h`` (pad up to 8) cannot be proven non-negative at import: sizes up to 8 run and give
+    onnxruntime's numbers, a larger one (where onnxruntime crops) raises InputError naming the node."""
+    nodes = [_SHAPE, _const("st", [2]), _const("en", [4]), oh.make_node("Slice", ["s", "st", "en"], ["hw"]),
+             _const("eight", [8, 8]), oh.make_node("Sub", ["eight", "hw"], ["need"]), _const("z6", [0, 0, 0, 0, 0, 0]),
+             oh.make_node("Concat", ["z6", "need"], ["pads"], axis=0),
+             oh.make_node("Pad", ["x", "pads"], ["y"], name="pad_to_8")]
+    graph = oh.make_graph(nodes, "to8", [oh.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "h", "w"])],
+                          [oh.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 8, 8])])
+    data = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 13)], ir_version=8).SerializeToString()
+    run = forge.from_onnx(data).get_inference_function()
+    for x, want in references(data, [(1, 3, 5, 5), (1, 3, 8, 3)]):
+        close(run(x), want)
+    with pytest.raises(forge.InputError, match=r"Pad 'pad_to_8': its pads.*must not be negative.*-1"):
+        run(np.zeros((1, 3, 9, 2), "float32"))
+
+
 # --- If on an input value, branches squeezing a dynamic length ----------------------------------------------------
 
 def _branch(name: str, frame: int, rng: np.random.Generator) -> onnx.GraphProto:

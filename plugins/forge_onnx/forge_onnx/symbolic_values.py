@@ -15,6 +15,7 @@ import functools
 import operator
 from collections.abc import Callable
 
+import numpy as np
 import tvm
 from tvm import relax, sym, tirx
 
@@ -52,11 +53,35 @@ def _rounded(round_float: Callable[[tvm.ir.Expr], tvm.ir.Expr]) -> Callable[[tvm
     return lambda v: v if _is_int(prim_dtype(v)) else round_float(v)
 
 
+def _finite(value: tvm.ir.Expr) -> bool:
+    """Whether a float expression of dims is finite for every value of them: casts of integers, float constants,
+    and sums, differences, products, divisions by a nonzero constant, floors and ceilings of such."""
+    if isinstance(value, (tirx.FloatImm, tirx.IntImm)):
+        return bool(np.isfinite(float(value.value)))
+    if isinstance(value, tirx.Cast):
+        return _is_int(prim_dtype(value.value)) or _finite(value.value)
+    if isinstance(value, tirx.Var):
+        return _is_int(prim_dtype(value))
+    if isinstance(value, (tirx.Add, tirx.Sub, tirx.Mul, tirx.Max, tirx.Min)):
+        return _finite(value.a) and _finite(value.b)
+    if isinstance(value, tirx.Div):
+        return _finite(value.a) and isinstance(value.b, tirx.FloatImm) and float(value.b.value) != 0.0
+    if isinstance(value, tvm.ir.Call) and getattr(value.op, "name", "") in ("prim.ceil", "prim.floor", "prim.round"):
+        return all(_finite(arg) for arg in value.args)
+    return False
+
+
+def _isfinite(value: tvm.ir.Expr) -> tvm.ir.Expr:
+    # TVM's Cast from float to int guards against inf and nan; on shape arithmetic that cannot make either, the
+    # guard folds away (its isnan and fabs do not lower as shape expressions)
+    return tirx.const(True, "bool") if _finite(value) else tirx.isfinite(value)
+
+
 _UNARY = {
     "relax.negative": lambda v: -v,
     "relax.floor": _rounded(tirx.floor),
     "relax.ceil": _rounded(tirx.ceil),
-    "relax.isfinite": tirx.isfinite,  # TVM's Cast from float to int guards against inf and nan
+    "relax.isfinite": _isfinite,
     "relax.logical_not": tirx.Not,
 }
 

@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 import tvm
-from tvm import relax, tirx
+from tvm import relax, tirx, topi
 
 from forge_core.runtime.signature import RUN_TIME_CHECK
 from forge_onnx.constant_folding import MAX_FOLDED_ELEMENTS
@@ -333,9 +333,74 @@ def constant(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
     return relax.const(array, str(array.dtype))  # relax.const alone narrows int64 to int32
 
 
+_PAD_TE = {"constant": "pad", "edge": "replicate_pad", "reflect": "mirror_pad"}
+
+
+def pad(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], context: ConverterContext) -> relax.Expr:
+    """Pad, whose pads may be computed from dynamic dims (tf2onnx's ``SAME`` padding of an image of any size).
+
+    Pads known at import go to TVM's converter, which refused any other ("Dynamic pads are not supported yet").
+    Pads that shape arithmetic computes from the input's dims become expressions of those dims. Pads not proven
+    non-negative at import are checked when the model runs: a negative pad crops, which the padding would not
+    do, so a size that makes one raises ``InputError`` naming the node.
+    """
+    if context.opset >= 11:
+        inputs = list(inputs) + [None] * (3 - len(inputs))  # TVM's converter reads inputs[2] (optional)
+    operand = inputs[1] if context.opset >= 11 else None
+    if operand is None or isinstance(operand, tvm.ir.GenericConst):
+        return context.tvm_convert("Pad", inputs)
+    values = symbolic_ints(bb, operand)
+    if values is None:
+        raise ValueError(
+            f"Pad {context.node!r}: its pads are computed from values known only at run time (given "
+            f"{operand.ty}), which Forge cannot follow back to the input's dims; give the model's inputs static "
+            "shapes (from_onnx(shape={...})) so that the pads are constants")
+    data = inputs[0]
+    dims = static_or_symbolic_dims(data)
+    if dims is None:
+        raise ValueError(f"Pad {context.node!r}: the input's rank must be known, given {data.ty}")
+    rank = len(dims)
+    axes = list(range(rank))
+    if len(inputs) > 3 and inputs[3] is not None:
+        given = symbolic_ints(bb, inputs[3])
+        if given is None or not all(isinstance(a, tirx.IntImm) for a in given):
+            raise ValueError(f"Pad {context.node!r}: its axes must be known at import, given {inputs[3].ty}")
+        axes = [int(a.value) % rank for a in given]
+    if len(values) != 2 * len(axes):
+        raise ValueError(f"Pad {context.node!r}: {len(values)} pads for {len(axes)} axes (expected {2 * len(axes)})")
+    zero = tirx.IntImm("int64", 0)
+    before, after = [zero] * rank, [zero] * rank
+    for index, axis in enumerate(axes):
+        before[axis], after[axis] = values[index], values[index + len(axes)]
+    analyzer = dims_analyzer(*values)
+    if not all(analyzer.can_prove(value >= 0) for value in values):
+        # A negative pad crops (ONNX allows it); the padding below does not: checked when the model runs.
+        pads = bb.emit(relax.op.shape_to_tensor(relax.ShapeExpr(values)))
+        negative = relax.op.sum(relax.op.astype(relax.op.less(pads, relax.const(0, "int64")), "int64"))
+        fine = bb.emit(relax.op.equal(negative, relax.const(0, "int64")))
+        bb.emit(relax.op.assert_op(fine, [pads], f"{RUN_TIME_CHECK}Pad {context.node!r}: its pads, computed from the "
+                                                 "input's dims, must not be negative here (a negative pad crops, "
+                                                 "which Forge's padding of dynamic dims does not do), given {}"))
+    mode = attrs.get("mode", b"constant")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    if mode not in _PAD_TE:
+        raise ValueError(f"Pad {context.node!r}: mode {mode!r} with pads computed from dynamic dims is not supported "
+                         f"(supported: {', '.join(_PAD_TE)}); give the model's inputs static shapes")
+    if mode == "constant":
+        fill = 0.0
+        if len(inputs) > 2 and inputs[2] is not None:
+            if not isinstance(inputs[2], tvm.ir.GenericConst):
+                raise ValueError(f"Pad {context.node!r}: its constant_value must be known at import")
+            fill = inputs[2].value.numpy().item()
+        return bb.emit_te(topi.nn.pad, data, before, after, fill)
+    if mode == "reflect":
+        return bb.emit_te(topi.nn.mirror_pad, data, before, after, "REFLECT")
+    return bb.emit_te(topi.nn.replicate_pad, data, before, after)
+
+
 CONVERTERS = {"Shape": shape, "Size": size, "Constant": constant, "ConstantOfShape": constant_of_shape,
               "Reshape": reshape, "Squeeze": squeeze,
-              "Expand": expand, "Slice": slice_}
+              "Expand": expand, "Slice": slice_, "Pad": pad}
 
 
 def center_crop_pad(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
