@@ -301,6 +301,48 @@ def test_slice_with_open_ends_on_dynamic_axes(case, tmp_path):
         close(runtime.infer(x)[0], want)
 
 
+SLICE_FORMS = {
+    # opset, nodes: Slice-1 (attributes; the PyTorch exporter at opset 9) and Slice-10+ without its optional inputs
+    "opset9-axes": (9, [oh.make_node("Slice", ["x"], ["y"], starts=[1], ends=[INT64_MAX], axes=[3])]),
+    "opset9-no-axes": (9, [oh.make_node("Slice", ["x"], ["y"], starts=[0, 1], ends=[1, 3])]),
+    "opset11-starts-ends-only": (11, [_const("b", [0, 1]), _const("e", [2, 3]),
+                                      oh.make_node("Slice", ["x", "b", "e"], ["y"])]),
+    "opset11-steps-without-axes": (11, [_const("b", [0, 1]), _const("e", [2, 3]), _const("st", [1, 2]),
+                                        oh.make_node("Slice", ["x", "b", "e", "", "st"], ["y"])]),
+}
+
+
+@pytest.mark.parametrize("case", list(SLICE_FORMS))
+def test_slice_in_every_form_exporters_write(case):
+    """Slice-1 failed with an IndexError inside TVM's converter (it reads starts and ends as inputs)."""
+    opset, nodes = SLICE_FORMS[case]
+    graph = oh.make_graph(nodes, "slice", [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 6, "w"])],
+                          [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["yn", "yc", "yh", "yw"])])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    data = model.SerializeToString()
+    run = forge.from_onnx(data).get_inference_function()
+    for x, want in references(data, [(2, 3, 6, 7), (3, 3, 6, 5)]):
+        close(run(x), want)
+
+
+def test_a_torch_opset9_export_with_slices_and_a_dynamic_batch():
+    class Crop(nn.Module):
+        def forward(self, x):
+            return torch.relu(x[:, 1:, :, 2:] * 2.0)
+
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Crop(), (torch.randn(2, 3, 6, 7),), buffer, input_names=["x"], output_names=["y"],
+                          opset_version=9, dynamo=False, dynamic_axes={"x": {0: "n"}})
+    data = buffer.getvalue()
+    assert onnx.load_from_string(data).opset_import[0].version == 9
+    run = forge.from_onnx(data).get_inference_function()
+    for x, want in references(data, [(2, 3, 6, 7), (5, 3, 6, 7)]):
+        close(run(x), want)
+
+
 @pytest.mark.parametrize("opt_level", [0, 1, 2, 3, 4])
 def test_open_end_crops_without_an_epilogue_at_every_opt_level(opt_level, tmp_path):
     """The two crops added (a residual) and nothing after them, compiled at each opt_level; onnxruntime's

@@ -247,7 +247,7 @@ _OPEN_END = 2**31 - 1
 
 
 def slice_(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], context: ConverterContext) -> relax.Expr:
-    """Slice, whose open ends on a symbolic axis end at the axis's extent.
+    """Slice, whose open ends on a symbolic axis end at the axis's extent; Slice-1's attributes as inputs.
 
     tf2onnx and the PyTorch exporters write ``x[1:]`` with an end of INT32_MAX or INT64_MAX, and tf2onnx slices
     every axis (``begin 0, end INT32_MAX`` on the batch). On a symbolic axis ``n`` TVM's converter keeps that end,
@@ -258,6 +258,12 @@ def slice_(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], con
     """
     if context.opset >= 10:
         inputs = list(inputs) + [None] * (5 - len(inputs))  # TVM's converter reads inputs[3] and [4] as optional
+    else:  # Slice-1 (the PyTorch exporter at opset 9): starts, ends and axes are attributes; TVM reads inputs
+        if "starts" not in attrs or "ends" not in attrs:
+            raise ValueError(f"Slice {context.node!r} (opset {context.opset}) needs its starts and ends attributes")
+        as_input = [relax.const(np.asarray(list(attrs[key]), "int64"), "int64") if key in attrs else None
+                    for key in ("starts", "ends", "axes")]
+        inputs = [inputs[0], *as_input, None]
     result = context.tvm_convert("Slice", inputs)
     if not (isinstance(result, relax.Call) and getattr(result.op, "name", None) == "relax.strided_slice"):
         return result
