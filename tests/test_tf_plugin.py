@@ -366,6 +366,32 @@ def test_tflite_from_bytes_path_and_parsed_model(rng, tmp_path):
         assert_close(ir.get_inference_function()(x), want)
 
 
+@pytest.mark.parametrize("form", ["constant-right", "constant-left-adjoint", "constant-broadcast"])
+def test_tflite_batch_matmul_on_a_constant(form, rng):
+    """BATCH_MATMUL whose operand is a constant (onnx-tf's exports) failed in TVM's converter with
+    ``KeyError: 'Const'``; against the interpreter, rtol/atol 1e-5."""
+    import tensorflow as tf
+
+    weight = rng.standard_normal((2, 4, 5)).astype("float32")
+    shapes = {"constant-right": (2, 3, 4), "constant-left-adjoint": (2, 4, 3), "constant-broadcast": (3, 4)}
+
+    @tf.function(input_signature=[tf.TensorSpec(shapes[form], tf.float32)])
+    def model(x):
+        if form == "constant-right":
+            return tf.linalg.matmul(x, tf.constant(weight))
+        if form == "constant-left-adjoint":
+            return tf.linalg.matmul(tf.constant(weight), x, transpose_a=True)
+        return tf.linalg.matmul(x, tf.constant(weight))  # (3, 4) against (2, 4, 5): the batch broadcast
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        data = tf.lite.TFLiteConverter.from_concrete_functions([model.get_concrete_function()], model).convert()
+    interpreter = Interpreter(data)
+    assert "BATCH_MATMUL" in {op["op_name"] for op in interpreter._interpreter._get_ops_details()}
+    x = rng.standard_normal(shapes[form]).astype("float32")
+    assert_close(forge.from_tflite(data).get_inference_function()(x), interpreter(x))
+
+
 def test_tflite_dynamic_batch_through_shape_dict(rng):
     """shape_dict with None keeps the batch dynamic in TVM's TFLite importer; rtol/atol 1e-5."""
     model = tf_models.residual_cnn(seed=11)

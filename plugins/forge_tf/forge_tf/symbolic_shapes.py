@@ -315,19 +315,20 @@ class SymbolicShapes:
         return super().get_tensor_shape(tensor_wrapper)  # type: ignore[misc]
 
     def convert_batch_matmul(self, op: Any) -> Any:
-        """BATCH_MATMUL with a dynamic batch: Relax's ``matmul`` broadcasts batch dimensions as TFLite does.
+        """BATCH_MATMUL: Relax's ``matmul`` broadcasts batch dimensions as TFLite does.
 
-        TVM's converter computes the broadcast with ``int()`` on every dimension; static shapes still take it.
+        TVM's converter computes the broadcast with ``int()`` on every dimension (a dynamic batch fails), and
+        reads both operands as computed tensors: one that is a constant (onnx-tf's exports) failed with
+        ``KeyError: 'Const'``. Quantized ones still take TVM's converter.
         """
         from tflite.BatchMatMulOptions import BatchMatMulOptions
 
         inputs = self.get_input_tensors(op)
         if len(inputs) != 2 or self.is_quantized(op):
             return super().convert_batch_matmul(op)  # type: ignore[misc]
-        a, b = (self.get_expr(t.tensor_idx) for t in inputs)
+        a, b = (self.get_tensor_expr(t) for t in inputs)
         shapes = [getattr(self.bb.normalize(x).ty, "shape", None) for x in (a, b)]
-        if any(s is None for s in shapes) or all(
-                isinstance(d, tirx.IntImm) for s in shapes for d in s.values):  # type: ignore[union-attr]
+        if any(s is None for s in shapes):
             return super().convert_batch_matmul(op)  # type: ignore[misc]
         options = self._options(op, BatchMatMulOptions)
         if options is not None and options.AdjX():
