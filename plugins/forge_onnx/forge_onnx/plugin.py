@@ -23,8 +23,9 @@ def register_frontends(register: Callable[..., None]) -> None:
 def register_converters(register: Callable[..., None]) -> None:
     from forge_onnx.converters import catalog
 
-    for op_type, convert in catalog.all_converters().items():
-        register("onnx", op_type, convert, description=convert.__doc__.splitlines()[0] if convert.__doc__ else "")
+    for (domain, op_type), convert in catalog.all_converters().items():
+        register("onnx", op_type, convert, domain=domain,
+                 description=convert.__doc__.splitlines()[0] if convert.__doc__ else "")
 
 
 def _recurrent_kernels(*args: Any, **kwargs: Any) -> Any:

@@ -10,6 +10,7 @@ from forge_onnx.converters import (
     attention,
     elementwise,
     losses,
+    microsoft,
     normalization,
     quantized,
     ranges,
@@ -27,11 +28,20 @@ MODULES = (
 )
 
 
-def all_converters() -> dict[str, Callable[..., Any]]:
-    table: dict[str, Callable[..., Any]] = {}
+def all_converters() -> dict[tuple[str, str], Callable[..., Any]]:
+    """Every converter of this package by ``(domain, op_type)``; ``""`` is ONNX's default domain."""
+    table: dict[tuple[str, str], Callable[..., Any]] = {}
+
+    def add(domain: str, op_type: str, convert: Callable[..., Any]) -> None:
+        if (domain, op_type) in table:
+            raise RuntimeError(f"Two converter modules define {domain or 'ai.onnx'}.{op_type}")
+        table[(domain, op_type)] = convert
+
     for module in MODULES:
         for op_type, convert in module.CONVERTERS.items():
-            if op_type in table:
-                raise RuntimeError(f"Two converter modules define {op_type}")
-            table[op_type] = convert
+            add("", op_type, convert)
+    for op_type, convert in microsoft.CONVERTERS.items():
+        add(microsoft.DOMAIN, op_type, convert)
+    for op_type, convert in microsoft.DEFAULT_DOMAIN_CONVERTERS.items():
+        add("", op_type, convert)
     return table

@@ -1,0 +1,127 @@
+"""onnxruntime's ``com.microsoft`` fused operators, as its optimizers write them into saved models
+(``forge_onnx/converters/microsoft.py``), against onnxruntime on random weights and inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto
+from onnx import helper as oh
+from onnx import numpy_helper as nh
+
+import forge
+
+RNG = np.random.default_rng(0)
+VI = oh.make_tensor_value_info
+OPSETS = [oh.make_opsetid("", 17), oh.make_opsetid("com.microsoft", 1)]
+
+
+def check(nodes, inputs, outputs, initializers, feeds) -> None:
+    graph = oh.make_graph(nodes, "contrib", inputs, outputs, initializer=initializers)
+    model = oh.make_model(graph, opset_imports=OPSETS, ir_version=8)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = forge.from_onnx(model).get_inference_function()(*feeds.values())
+    got = list(got) if isinstance(got, (list, tuple)) else [got]
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * float(np.abs(w).max()) + 1e-6)
+
+
+X = RNG.standard_normal((1, 3, 9, 7)).astype("float32")
+W = nh.from_array(RNG.standard_normal((4, 3, 3, 3)).astype("float32"), "w")
+B = nh.from_array(RNG.standard_normal((4,)).astype("float32"), "b")
+
+
+@pytest.mark.parametrize(("activation", "params"), [
+    ("", []), ("Relu", []), ("LeakyRelu", [0.1]), ("Clip", [-0.5, 0.5]), ("HardSigmoid", [0.3, 0.4]),
+    ("Sigmoid", []), ("Tanh", []),
+])
+def test_fused_conv(activation, params):
+    extra = {"activation_params": [float(p) for p in params]} if params else {}
+    node = oh.make_node("FusedConv", ["x", "w", "b"], ["y"], domain="com.microsoft", pads=[1, 1, 1, 1],
+                        strides=[2, 1], **({"activation": activation} if activation else {}), **extra)
+    check([node], [VI("x", TensorProto.FLOAT, [1, 3, 9, 7])], [VI("y", TensorProto.FLOAT, [1, 4, 5, 7])], [W, B],
+          {"x": X})
+
+
+def test_fused_conv_with_a_sum_input():
+    z = RNG.standard_normal((1, 4, 9, 7)).astype("float32")
+    node = oh.make_node("FusedConv", ["x", "w", "b", "z"], ["y"], domain="com.microsoft", activation="Relu",
+                        pads=[1, 1, 1, 1])
+    check([node], [VI("x", TensorProto.FLOAT, [1, 3, 9, 7]), VI("z", TensorProto.FLOAT, [1, 4, 9, 7])],
+          [VI("y", TensorProto.FLOAT, [1, 4, 9, 7])], [W, B], {"x": X, "z": z})
+
+
+@pytest.mark.parametrize(("trans_a", "trans_b", "alpha"), [(0, 0, 1.0), (1, 0, 0.5), (0, 1, 2.0), (1, 1, 0.125)])
+def test_fused_matmul(trans_a, trans_b, alpha):
+    a = RNG.standard_normal((2, 3, 5) if trans_a else (2, 5, 3)).astype("float32")
+    b = RNG.standard_normal((2, 4, 3) if trans_b else (2, 3, 4)).astype("float32")
+    node = oh.make_node("FusedMatMul", ["a", "b"], ["y"], domain="com.microsoft", transA=trans_a, transB=trans_b,
+                        alpha=alpha)
+    check([node], [VI("a", TensorProto.FLOAT, list(a.shape)), VI("b", TensorProto.FLOAT, list(b.shape))],
+          [VI("y", TensorProto.FLOAT, [2, 5, 4])], [], {"a": a, "b": b})
+
+
+H = RNG.standard_normal((2, 6, 16)).astype("float32") * 3
+S = RNG.standard_normal((2, 6, 16)).astype("float32")
+GAMMA = nh.from_array(RNG.uniform(0.5, 1.5, (16,)).astype("float32"), "gamma")
+BIAS = nh.from_array(RNG.standard_normal((16,)).astype("float32"), "bias")
+
+
+def test_quick_gelu():
+    node = oh.make_node("QuickGelu", ["h"], ["y"], domain="com.microsoft", alpha=1.5)
+    check([node], [VI("h", TensorProto.FLOAT, [2, 6, 16])], [VI("y", TensorProto.FLOAT, [2, 6, 16])], [], {"h": H})
+
+
+def test_simplified_layer_normalization():
+    node = oh.make_node("SimplifiedLayerNormalization", ["h", "gamma"], ["y"], epsilon=1e-6, axis=-1)
+    check([node], [VI("h", TensorProto.FLOAT, [2, 6, 16])], [VI("y", TensorProto.FLOAT, [2, 6, 16])], [GAMMA],
+          {"h": H})
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_skip_simplified_layer_normalization_and_its_sum_output(with_bias):
+    inputs = ["h", "s", "gamma"] + (["bias"] if with_bias else [])
+    node = oh.make_node("SkipSimplifiedLayerNormalization", inputs, ["y", "", "", "total"], domain="com.microsoft",
+                        epsilon=1e-6)
+    check([node], [VI("h", TensorProto.FLOAT, [2, 6, 16]), VI("s", TensorProto.FLOAT, [2, 6, 16])],
+          [VI("y", TensorProto.FLOAT, [2, 6, 16]), VI("total", TensorProto.FLOAT, [2, 6, 16])],
+          [GAMMA] + ([BIAS] if with_bias else []), {"h": H, "s": S})
+
+
+def test_a_model_onnxruntime_optimized_and_saved(tmp_path):
+    """A CNN (Conv -> Add of a residual -> Relu; Conv -> Sigmoid; MatMul of a transposed operand times a scale)
+    saved by onnxruntime after its extended optimizations: FusedConv and FusedMatMul in the file."""
+    w2 = nh.from_array(RNG.standard_normal((4, 4, 3, 3)).astype("float32") * 0.3, "w2")
+    nodes = [
+        oh.make_node("Conv", ["x", "w", "b"], ["c1"], pads=[1, 1, 1, 1]),
+        oh.make_node("Relu", ["c1"], ["r1"]),
+        oh.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+        oh.make_node("Add", ["c2", "r1"], ["s"]),
+        oh.make_node("Relu", ["s"], ["r2"]),
+        oh.make_node("Conv", ["r2", "w2"], ["c3"], pads=[1, 1, 1, 1]),
+        oh.make_node("Sigmoid", ["c3"], ["g"]),
+        oh.make_node("Reshape", ["g", "flat"], ["m"]),
+        oh.make_node("Transpose", ["m"], ["mt"], perm=[0, 2, 1]),
+        oh.make_node("MatMul", ["mt", "m"], ["mm"]),
+        oh.make_node("Mul", ["mm", "scale"], ["y"]),
+    ]
+    initializers = [W, B, w2, nh.from_array(np.array([1, 4, 63], "int64"), "flat"),
+                    nh.from_array(np.array(0.25, "float32"), "scale")]
+    graph = oh.make_graph(nodes, "cnn", [VI("x", TensorProto.FLOAT, [1, 3, 9, 7])],
+                          [VI("y", TensorProto.FLOAT, [1, 63, 63])], initializer=initializers)
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+    optimized = tmp_path / "optimized.onnx"
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(optimized)
+    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    saved = onnx.load(optimized)
+    fused = {(n.domain, n.op_type) for n in saved.graph.node}
+    assert ("com.microsoft", "FusedConv") in fused and ("com.microsoft", "FusedMatMul") in fused, fused
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": X})[0]
+    got = forge.from_onnx(optimized).get_inference_function()(X)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
