@@ -63,6 +63,15 @@ def check_operators(model: onnx.ModelProto) -> None:
         counts[name] += 1
         examples.setdefault(name, node.name or f"<unnamed {node.op_type}>")
     if counts:
+        domains = sorted({name.rsplit(".", 1)[0] for name in counts if "." in name})
+        detail = (
+            "A plugin can supply a converter for each of them: a package on the 'forge' entry-point group whose "
+            "register_converters hook calls register(\"onnx\", op_type, converter, domain=...) (the README's "
+            "Plugins section; `forge plugins` lists the installed ones)."
+        )
+        if "ai.onnx.ml" in domains:
+            detail += (" ai.onnx.ml operators come from scikit-learn exports (skl2onnx, onnxmltools): Forge converts "
+                       "neural networks, not these; onnxruntime runs them.")
         raise UnsupportedOperatorError(
-            "onnx", {op: (count, examples[op]) for op, count in counts.items()}
+            "onnx", {op: (count, examples[op]) for op, count in counts.items()}, detail
         )
