@@ -36,6 +36,7 @@ from forge_core.errors import (
     WeakPasswordWarning,
     WrongPasswordError,
 )
+from forge_core.deploy import bundle
 from forge_core.graph import Graph, Node
 from forge_core.ir.module import IRModule, RelayModule
 from forge_core.loaders import from_keras, from_onnx, from_tensorflow, from_tflite, from_torch, load
@@ -93,6 +94,7 @@ __all__ = [
     "list_arm_tags",
     "list_android_tags",
     "Runtime",
+    "bundle",
     "PluginInfo",
     "ForgeError",
     "PluginError",

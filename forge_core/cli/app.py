@@ -140,6 +140,16 @@ def build_parser() -> argparse.ArgumentParser:
     rpc_arguments(run, "run on a device of KEY registered with the tracker; timings taken on the device")
     run.set_defaults(handler=commands.cmd_run)
 
+    bundle = sub.add_parser("bundle", help="write a directory that runs an artifact on a board with Python 3 and "
+                                           "numpy alone")
+    bundle.add_argument("artifact", help="artifact directory or model_library.so")
+    bundle.add_argument("--platform", default="linux-aarch64", choices=["linux-aarch64", "linux-x86_64"],
+                        help="the board's platform (default: linux-aarch64)")
+    bundle.add_argument("--python", default="3.11", choices=["3.11", "3.12"], help="the board's Python (default 3.11)")
+    bundle.add_argument("-o", "--output", required=True, help="the bundle's directory")
+    bundle.add_argument("--force", action="store_true", help="replace a non-empty output directory")
+    bundle.set_defaults(handler=commands.cmd_bundle)
+
     server = sub.add_parser("rpc-server", help="serve this machine as a remote device (TVM's RPC server, with "
                                                "Forge's profiler)")
     server.add_argument("--tracker", metavar="HOST:PORT", help="register with this RPC tracker")

@@ -493,6 +493,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bundle(args: argparse.Namespace) -> int:
+    import json
+
+    from forge_core.deploy import bundle
+
+    out = bundle(args.artifact, args.platform, args.output, python=args.python, force_overwrite=args.force)
+    description = json.loads((out / "bundle.json").read_text())
+    print(f"Bundled for {description['platform']} (Python {description['python']}) in {out}: model "
+          f"{description['model_bytes'] / 2**20:.1f} MiB, runtime {description['runtime_bytes'] / 2**20:.1f} MiB")
+    print(f"On the board: cd {out.name} && python3 -m forge_runtime --input x.npy --output y.npy")
+    return 0
+
+
 def cmd_rpc_server(args: argparse.Namespace) -> int:
     from forge_core.remote.server import serve
 

@@ -54,9 +54,6 @@ import uuid as uuid_lib
 from dataclasses import dataclass
 from typing import Any
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
 from forge_core.errors import CorruptKeyError, CorruptLibraryError, WrongPasswordError
 
@@ -119,6 +116,10 @@ class KeyFile:
 
     def unwrap(self, password: bytes) -> bytes:
         """The data key; :class:`WrongPasswordError` when the password (or the file) is wrong."""
+        from cryptography.exceptions import InvalidTag
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+        from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
+
         kek = Scrypt(salt=self.salt, length=_DATA_KEY, **self.scrypt).derive(password)
         try:
             return AESGCM(kek).decrypt(self.nonce, self.wrapped, self.prefix)
@@ -222,6 +223,9 @@ def read_library_header(data: bytes, source: str = "library") -> LibraryHeader:
 
 def decrypt_library(data: bytes, header: LibraryHeader, data_key: bytes, source: str = "library") -> bytes:
     """The plaintext library; :class:`CorruptLibraryError` at the first chunk that fails authentication."""
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
     aead = AESGCM(data_key)
     offset = len(header.prefix)
     plaintext = []
@@ -278,6 +282,9 @@ def encrypt_library(plaintext: bytes, metadata: dict[str, Any], password: bytes,
         raise ValueError("Nothing to encrypt: the library is empty")
     uuid_text = str(uuid_lib.UUID(str(metadata["uuid"])))
     key_id = os.urandom(16).hex()
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
+
     data_key = AESGCM.generate_key(bit_length=256)
     prefix = _framed(LIBRARY_MAGIC, {
         "format_version": FORMAT_VERSION, "cipher": CIPHER, "uuid": uuid_text, "key_id": key_id,

@@ -1,0 +1,152 @@
+"""``forge bundle``: an artifact and its runtime for a board with Python 3 and numpy alone (``forge_core.deploy``).
+
+The bundles run in a Python that has numpy and nothing else: this machine's
+Python with ``-S`` (no site-packages) and numpy alone on its path, and, for
+aarch64, Debian's arm64 Python 3.11 and numpy under ``qemu-aarch64`` (a root
+extracted once by ``mmdebstrap`` into the cache). Outputs are compared with
+onnxruntime on this machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from model_factory import conv_bn_net
+
+import forge
+from forge_core.deploy import wheels
+
+ROOT_ENV = "FORGE_ARM64_ROOT"
+PASSWORD = "bundle-password-2026!"
+X = np.random.default_rng(3).standard_normal((1, 3, 16, 16)).astype("float32")
+
+
+@pytest.fixture(scope="module")
+def model() -> bytes:
+    return conv_bn_net(seed=21).SerializeToString()
+
+
+@pytest.fixture(scope="module")
+def want(model) -> np.ndarray:
+    return ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": X})[0]
+
+
+@pytest.fixture(scope="module")
+def numpy_only(tmp_path_factory) -> Path:
+    """A directory holding numpy alone, for a Python started with -S."""
+    directory = tmp_path_factory.mktemp("numpy-only")
+    source = Path(np.__file__).parent
+    (directory / "numpy").symlink_to(source)
+    if (source.parent / "numpy.libs").is_dir():
+        (directory / "numpy.libs").symlink_to(source.parent / "numpy.libs")
+    return directory
+
+
+def run_bundle(bundle: Path, command: list[str], tmp_path: Path, env: dict[str, str]) -> tuple[np.ndarray, str]:
+    np.save(tmp_path / "x.npy", X)
+    done = subprocess.run([*command, "-m", "forge_runtime", "--input", str(tmp_path / "x.npy"), "--output",
+                           str(tmp_path / "y.npy")], cwd=bundle, capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return np.load(tmp_path / "y.npy"), done.stdout
+
+
+def host_env(numpy_only: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "TVM_", "FORGE_"))}
+    return {**env, "PYTHONPATH": str(numpy_only), **extra}
+
+
+def test_an_x86_64_bundle_runs_with_python_and_numpy_alone(model, want, numpy_only, tmp_path):
+    forge.from_onnx(model).compile(output_path=tmp_path / "artifact")
+    out = forge.bundle(tmp_path / "artifact", "linux-x86_64", tmp_path / "bundle")
+    description = json.loads((out / "bundle.json").read_text())
+    assert description["platform"] == "linux-x86_64" and not description["encrypted"]
+    assert description["runtime_bytes"] < 15 * 2**20, description["runtime_bytes"]
+    names = {p.name for p in (out / "lib").rglob("*")}
+    assert "libtvm_runtime.so" in names and "libtvm_compiler.so" not in names and "cryptography" not in names
+    got, stdout = run_bundle(out, [sys.executable, "-S"], tmp_path, host_env(numpy_only))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert f"TVM runtime from {out.resolve() / 'lib' / 'tvm'}" in stdout
+
+
+def test_an_encrypted_bundle_carries_its_key_and_cryptography(model, want, numpy_only, tmp_path):
+    forge.from_onnx(model).compile(output_path=tmp_path / "artifact", encrypt_password=PASSWORD)
+    out = forge.bundle(tmp_path / "artifact", "linux-x86_64", tmp_path / "bundle")
+    assert (out / "model" / "modelKey.bin").is_file() and (out / "lib" / "cryptography").is_dir()
+    got, _ = run_bundle(out, [sys.executable, "-S"], tmp_path, host_env(numpy_only, FORGE_PASSWORD=PASSWORD))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    done = subprocess.run([sys.executable, "-S", "-m", "forge_runtime"], cwd=out, capture_output=True, text=True,
+                          env=host_env(numpy_only), timeout=300)
+    assert done.returncode != 0 and "the model is encrypted: give its password" in done.stderr
+
+
+def test_a_bundle_for_another_machine_is_refused_and_nothing_is_written(model, tmp_path):
+    forge.from_onnx(model).compile(output_path=tmp_path / "artifact")
+    with pytest.raises(forge.ForgeError, match=r"built for x86_64, and the bundle's platform linux-aarch64 runs "
+                                               r"aarch64"):
+        forge.bundle(tmp_path / "artifact", "linux-aarch64", tmp_path / "bundle")
+    assert not (tmp_path / "bundle").exists()
+    with pytest.raises(ValueError, match="python must be one of 3.11, 3.12"):
+        forge.bundle(tmp_path / "artifact", "linux-x86_64", tmp_path / "bundle", python="3.9")
+
+
+def test_a_wheel_whose_hash_is_not_pinned_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("FORGE_CACHE_DIR", str(tmp_path / "cache"))
+    name = next(iter(wheels.PINNED["typing-extensions==4.16.0"]))
+    monkeypatch.setitem(wheels.PINNED, "typing-extensions==4.16.0", {name: "0" * 64})
+    with pytest.raises(forge.ForgeError, match="its SHA-256 is not the pinned one"):
+        wheels.wheel("typing-extensions==4.16.0", "linux-aarch64", "3.11")
+    assert not list((tmp_path / "cache").rglob("*.whl"))
+
+
+# --- aarch64 under qemu ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def arm64_root() -> Path:
+    """Debian 12's arm64 Python 3.11 and numpy, extracted once (mmdebstrap, no chroot) into the cache."""
+    if os.environ.get(ROOT_ENV):
+        return Path(os.environ[ROOT_ENV])
+    for tool in ("qemu-aarch64", "mmdebstrap"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed (./scripts/setup installs Debian's qemu-user and mmdebstrap)")
+    root = wheels.cache_dir().parent / "arm64-bookworm"
+    if not (root / "usr" / "bin" / "python3.11").is_file():
+        partial = root.with_name(root.name + ".part")
+        shutil.rmtree(partial, ignore_errors=True)
+        done = subprocess.run(["mmdebstrap", "--mode=auto", "--variant=extract", "--architectures=arm64",
+                               "--include=python3.11,python3-numpy,libstdc++6", "bookworm", str(partial)],
+                              capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-2000:]
+        shutil.rmtree(root, ignore_errors=True)
+        partial.rename(root)
+    return root
+
+
+def qemu_python(root: Path) -> list[str]:
+    blas = "/usr/lib/aarch64-linux-gnu/blas:/usr/lib/aarch64-linux-gnu/lapack"  # extract runs no alternatives
+    return ["qemu-aarch64", "-cpu", "max", "-L", str(root), "-E", f"LD_LIBRARY_PATH={blas}",
+            str(root / "usr" / "bin" / "python3.11")]
+
+
+@pytest.mark.parametrize("tag", ["raspberry-pi/5", "raspberry-pi/4"])
+def test_an_aarch64_bundle_runs_under_qemu(tag, model, want, arm64_root, tmp_path):
+    """Compiled for the board's tag, bundled with the CLI, run by Debian's arm64 Python under qemu: the first
+    Forge aarch64 artifact that ran anywhere."""
+    forge.from_onnx(model).compile(target=tag, output_path=tmp_path / "artifact")
+    forge_bin = os.path.join(os.path.dirname(sys.executable), "forge")
+    done = subprocess.run([forge_bin, "bundle", str(tmp_path / "artifact"), "--platform", "linux-aarch64", "-o",
+                           str(tmp_path / "bundle")], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "Bundled for linux-aarch64 (Python 3.11)" in done.stdout
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "TVM_", "FORGE_"))}
+    got, stdout = run_bundle(tmp_path / "bundle", qemu_python(arm64_root), tmp_path, env)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert "platform linux-aarch64" in stdout
