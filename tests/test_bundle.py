@@ -98,6 +98,22 @@ def test_a_bundle_for_another_machine_is_refused_and_nothing_is_written(model, t
         forge.bundle(tmp_path / "artifact", "linux-x86_64", tmp_path / "bundle", python="3.9")
 
 
+def test_an_encrypted_cuda_artifact_bundles_with_the_cuda_runtime(model, tmp_path):
+    """The machine of an encrypted library comes from its metadata (its host's CPU features: a CUDA target's host
+    is TVM's default CPU); the bundle carries TVM's CUDA runtime library beside the CPU one. (Run on an H200
+    by hand: the README's deployment section.)"""
+    if shutil.which("nvcc") is None and not Path("/usr/local/cuda/bin/nvcc").is_file():
+        pytest.skip("nvcc is not installed: no CUDA artifact can be built here")
+    forge.from_onnx(model).compile(target="cuda -arch=sm_80", output_path=tmp_path / "artifact",
+                                   encrypt_password=PASSWORD)
+    out = forge.bundle(tmp_path / "artifact", "linux-x86_64", tmp_path / "bundle", python="3.12")
+    description = json.loads((out / "bundle.json").read_text())
+    assert description["device"] == "cuda" and description["python"] == "3.12" and description["encrypted"]
+    libraries = {p.name for p in (out / "lib" / "tvm" / "lib").iterdir()}
+    assert libraries == {"libtvm_runtime.so", "libtvm_runtime_cuda.so"}
+    assert any(p.name.startswith("core.cpython-312") for p in (out / "lib" / "tvm_ffi").iterdir())
+
+
 def test_a_wheel_whose_hash_is_not_pinned_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("FORGE_CACHE_DIR", str(tmp_path / "cache"))
     name = next(iter(wheels.PINNED["typing-extensions==4.16.0"]))

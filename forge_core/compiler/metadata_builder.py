@@ -75,7 +75,9 @@ def build_metadata(
         "target": _target_entry(target),
         "host": _target_entry(host),
         "device_type": "cuda" if target.kind.name == "cuda" else "cpu",
-        "cpu_features": required_cpu_features(host if host is not None else target),
+        # a GPU target's host code: its host, or TVM's default (the generic CPU of LLVM's default triple)
+        "cpu_features": required_cpu_features(host if host is not None else target if target.kind.name == "llvm"
+                                              else tvm.target.Target("llvm")),
         "inputs": _io(inputs, layouts),
         "outputs": _io(outputs, {}),
         "precision": (quantization["activation_dtype"] if quantization is not None
