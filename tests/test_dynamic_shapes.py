@@ -283,11 +283,11 @@ OPEN_END_SLICES = {
 }
 
 
-@pytest.mark.parametrize("case", list(OPEN_END_SLICES))
-def test_slice_with_open_ends_on_dynamic_axes(case, tmp_path):
-    graph = oh.make_graph(OPEN_END_SLICES[case] + [oh.make_node("Relu", ["y"], ["z"])], "slices",
-                          [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, "h", "w"])],
-                          [oh.make_tensor_value_info("z", TensorProto.FLOAT, ["zn", "zc", "zh", "zw"])])
+def check_dynamic_graph(nodes: list[onnx.NodeProto], output: str, sizes, tmp_path: Path) -> None:
+    """A graph of ``x: (n, 3, h, w)``, checked with ``onnx.checker``, imported with its dims dynamic: the inference
+    function and one artifact against onnxruntime at ``sizes``."""
+    graph = oh.make_graph(nodes, "dynamic", [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, "h", "w"])],
+                          [oh.make_tensor_value_info(output, TensorProto.FLOAT, ["on", "oc", "oh", "ow"])])
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 13)], ir_version=8)
     onnx.checker.check_model(model, full_check=True)
     data = model.SerializeToString()
@@ -296,9 +296,15 @@ def test_slice_with_open_ends_on_dynamic_axes(case, tmp_path):
     run = ir.get_inference_function()
     ir.compile(output_path=tmp_path / "artifact")
     runtime = forge.Runtime(tmp_path / "artifact")
-    for x, want in references(data, [(2, 3, 5, 7), (4, 3, 6, 4), (3, 3, 2, 9)]):
+    for x, want in references(data, sizes):
         close(run(x), want)
         close(runtime.infer(x)[0], want)
+
+
+@pytest.mark.parametrize("case", list(OPEN_END_SLICES))
+def test_slice_with_open_ends_on_dynamic_axes(case, tmp_path):
+    check_dynamic_graph(OPEN_END_SLICES[case] + [oh.make_node("Relu", ["y"], ["z"])], "z",
+                        [(2, 3, 5, 7), (4, 3, 6, 4), (3, 3, 2, 9)], tmp_path)
 
 
 SLICE_FORMS = {
@@ -382,20 +388,7 @@ def test_pad_with_pads_computed_from_dynamic_dims(mode, tmp_path):
     """TVM's converter refused pads that are not constants ("Dynamic pads are not supported yet"): tf2onnx
     computes SAME padding from the input's shape. The pads become expressions of the dims; onnxruntime's
     numbers at three sizes (odd and even), from the inference function and one artifact."""
-    graph = oh.make_graph(_same_padding(mode), "same", [oh.make_tensor_value_info("x", TensorProto.FLOAT,
-                                                                                   ["n", 3, "h", "w"])],
-                          [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["yn", 3, "yh", "yw"])])
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 13)], ir_version=8)
-    onnx.checker.check_model(model, full_check=True)
-    data = model.SerializeToString()
-    ir = forge.from_onnx(data)
-    assert ir.input_shapes == [(-1, 3, -1, -1)]
-    run = ir.get_inference_function()
-    ir.compile(output_path=tmp_path / "artifact")
-    runtime = forge.Runtime(tmp_path / "artifact")
-    for x, want in references(data, [(1, 3, 5, 5), (2, 3, 6, 9), (1, 3, 17, 4)]):
-        close(run(x), want)
-        close(runtime.infer(x)[0], want)
+    check_dynamic_graph(_same_padding(mode), "y", [(1, 3, 5, 5), (2, 3, 6, 9), (1, 3, 17, 4)], tmp_path)
 
 
 def test_a_computed_pad_that_would_crop_is_refused_when_the_model_runs():

@@ -157,6 +157,18 @@ def expand(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], con
     return relax.op.broadcast_to(data, relax.ShapeExpr([tirx.max(a, b) for a, b in zip(data_dims, target)]))
 
 
+def _values_of_dims(bb: relax.BlockBuilder, operand: relax.Expr, subject: str) -> list[Any]:
+    """The values of a shape-like operand as expressions of the input's dims, or a ValueError naming the fix;
+    ``subject`` ends with its verb (``"Pad 'p': its pads are"``)."""
+    values = symbolic_ints(bb, operand)
+    if values is None:
+        raise ValueError(
+            f"{subject} computed from values known only at run time (given {operand.ty}), which Forge cannot "
+            "follow back to the input's dims; give the model's inputs static shapes (from_onnx(shape={...})) so "
+            "that they are known at import")
+    return values
+
+
 def reshape(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], context: ConverterContext) -> relax.Expr:
     """Reshape, whose target shape may be computed from dynamic dims (Paddle2ONNX's ``Shape -> Slice -> Concat``).
 
@@ -168,12 +180,7 @@ def reshape(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], co
     data, shape_operand = inputs[0], inputs[1]
     if isinstance(shape_operand, (relax.ShapeExpr, tvm.ir.GenericConst)) or isinstance(data, relax.ShapeExpr):
         return context.tvm_convert("Reshape", inputs)
-    values = symbolic_ints(bb, shape_operand)
-    if values is None:
-        raise ValueError(
-            f"Reshape {context.node!r}: its target shape is computed from values known only at run time "
-            f"(given {shape_operand.ty}), which Forge cannot follow back to the input's dims; give the model's "
-            f"inputs static shapes (from_onnx(shape={{...}})) so that the shape is a constant")
+    values = _values_of_dims(bb, shape_operand, f"Reshape {context.node!r}: its target shape is")
     dims = static_or_symbolic_dims(data)
     allowzero = bool(attrs.get("allowzero", 0))
     resolved = []
@@ -355,12 +362,7 @@ def pad(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], contex
     operand = inputs[1] if context.opset >= 11 else None
     if operand is None or isinstance(operand, tvm.ir.GenericConst):
         return context.tvm_convert("Pad", inputs)
-    values = symbolic_ints(bb, operand)
-    if values is None:
-        raise ValueError(
-            f"Pad {context.node!r}: its pads are computed from values known only at run time (given "
-            f"{operand.ty}), which Forge cannot follow back to the input's dims; give the model's inputs static "
-            "shapes (from_onnx(shape={...})) so that the pads are constants")
+    values = _values_of_dims(bb, operand, f"Pad {context.node!r}: its pads are")
     data = inputs[0]
     dims = static_or_symbolic_dims(data)
     if dims is None:
