@@ -152,11 +152,24 @@ def qemu_python(root: Path) -> list[str]:
             str(root / "usr" / "bin" / "python3.11")]
 
 
-@pytest.mark.parametrize("tag", ["raspberry-pi/5", "raspberry-pi/4"])
-def test_an_aarch64_bundle_runs_under_qemu(tag, model, want, arm64_root, tmp_path):
+@pytest.mark.parametrize("case", ["raspberry-pi/5", "raspberry-pi/4", "raspberry-pi/5-int8"])
+def test_an_aarch64_bundle_runs_under_qemu(case, model, want, arm64_root, tmp_path):
     """Compiled for the board's tag, bundled with the CLI, run by Debian's arm64 Python under qemu: the first
-    Forge aarch64 artifact that ran anywhere."""
-    forge.from_onnx(model).compile(target=tag, output_path=tmp_path / "artifact")
+    Forge aarch64 artifacts that ran anywhere. The int8 model (calibrated, quantized) holds the dot-product
+    instructions (``sdot``/``udot``, which ``-cpu max`` emulates) and gives the numbers of its inference
+    function on this machine."""
+    tag = case.removesuffix("-int8")
+    ir = forge.from_onnx(model)
+    if case.endswith("-int8"):
+        rng = np.random.default_rng(5)
+        ir.calibrate([rng.standard_normal((1, 3, 16, 16)).astype("float32") for _ in range(4)])
+        ir.quantize()
+        want = ir.get_inference_function()(X)
+    ir.compile(target=tag, output_path=tmp_path / "artifact")
+    if case.endswith("-int8") and shutil.which("aarch64-linux-gnu-objdump"):
+        code = subprocess.run(["aarch64-linux-gnu-objdump", "-d", str(tmp_path / "artifact" / "model_library.so")],
+                              capture_output=True, text=True, check=True).stdout
+        assert "sdot" in code or "udot" in code
     forge_bin = os.path.join(os.path.dirname(sys.executable), "forge")
     done = subprocess.run([forge_bin, "bundle", str(tmp_path / "artifact"), "--platform", "linux-aarch64", "-o",
                            str(tmp_path / "bundle")], capture_output=True, text=True, timeout=600)
