@@ -215,28 +215,46 @@ def test_from_torch_keeps_the_batch_dynamic(model_name, route, tmp_path):
         assert_matches_framework(runtime.infer(*[v.numpy() for v in values]), want)
 
 
-def test_from_torch_with_a_dynamic_sequence_falls_back_to_onnx(caplog):
-    """With the sequence dynamic, ``torch.export`` slices BERT's position table of 64 to ``min(sequence, 64)``,
-    which Relax cannot relate to the sequence: the sum has no shape and nothing after it compiled ("emit_te now
-    only supports Tensor that has ShapeExpr shape"). Now the torch.export route refuses it naming the binding,
-    and ``from_torch`` takes the ONNX route, whose exporter keeps the sequence's own dim; the numbers match at
-    three (batch, sequence) sizes. An ExportedProgram has no ONNX route: the error names both."""
+def test_from_torch_with_a_dynamic_sequence_keeps_the_direct_route(caplog):
+    """With the sequence dynamic, ``torch.export`` slices BERT's position table of 64 to the sequence, which
+    TVM clamped to ``min(sequence, 64)``: Relax could not relate it to the sequence, the sum lost its shape,
+    and ``from_torch`` fell back to the ONNX route. The range torch records for the sequence (at most the
+    table's 64, from the slice's own guard) proves the slice in bounds: the torch.export route keeps it, and
+    the numbers match at three (batch, sequence) sizes."""
     arch = ARCHITECTURES["bert"]
     model = arch.build(seed=4).eval()
     with caplog.at_level(logging.WARNING, logger="forge.torch"):
         ir = forge.from_torch(model, [(name, ((-1, -1), "int64")) for name in arch.input_names])
-    assert any("loaded through ONNX" in r.getMessage() and "without a shape" in r.getMessage()
-               for r in caplog.records)
+    assert not [r.getMessage() for r in caplog.records if "loaded through ONNX" in r.getMessage()]
     assert ir.input_shapes == [(-1, -1)] * 2
     run = ir.get_inference_function()
     for batch_size, length in [(1, 7), (3, 33), (8, 64)]:
         values = arch.inputs(batch_size, length, seed=batch_size)
         assert_matches_framework(run(*[v.numpy() for v in values]), reference(model, values))
+    # past the table of 64 the slice would read beyond it (a segmentation fault): refused, naming the input
+    with pytest.raises(forge.InputError, match=r"input 'input_ids' axis 1 .* must be at most 64.*\[80\]"):
+        run(*[v.numpy() for v in arch.inputs(1, 80, seed=1)])
+
+
+def test_an_exported_program_with_a_dynamic_sequence_keeps_it():
+    """``torch.export`` with ``Dim`` on the batch and the sequence: BERT slices its position table of 64 to the
+    sequence, which TVM clamped to ``min(sequence, 64)``; the program was refused (the sum lost its shape). The
+    dims' ranges the program records (``max=64``) prove the slice in bounds: its extent is the sequence, and
+    the numbers match the module at three (batch, sequence) sizes."""
+    arch = ARCHITECTURES["bert"]
+    model = arch.build(seed=4).eval()
     inputs = arch.inputs(BATCH, LENGTH, seed=1)
     batch, sequence = torch.export.Dim("batch", max=64), torch.export.Dim("sequence", max=64)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         program = torch.export.export(model, inputs, dynamic_shapes=tuple({0: batch, 1: sequence} for _ in inputs),
                                       strict=False)
-    with pytest.raises(forge.ModelImportError, match=r"left 'lv\d+' \(relax.add of .*T.min\(s\d+, 64\).*without a shape"):
-        forge.from_torch(program)
+    ir = forge.from_torch(program)
+    assert ir.input_shapes == [(-1, -1)] * len(inputs)
+    run = ir.get_inference_function()
+    for batch_size, length in [(1, 7), (3, 33), (8, 64)]:
+        values = arch.inputs(batch_size, length, seed=batch_size)
+        assert_matches_framework(run(*[v.numpy() for v in values]), reference(model, values))
+    # past the table of 64 the slice would read beyond it (a segmentation fault): refused, naming the input
+    with pytest.raises(forge.InputError, match=r"input 'input_ids' axis 1 .* must be at most 64.*\[80\]"):
+        run(*[v.numpy() for v in arch.inputs(1, 80, seed=1)])

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 import tvm
+import tvm_ffi
 from tvm import relax
 from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
 
@@ -80,8 +81,126 @@ def import_exported_program(
         raise
     except Exception as exc:  # noqa: BLE001
         raise ModelImportError(f"TVM's exported-program importer failed: {type(exc).__name__}: {exc}") from exc
+    mod = _slices_within_bounds(mod)
     _check_shapes_known(mod)
     return mod
+
+
+def _slices_within_bounds(mod: tvm.IRModule) -> tvm.IRModule:
+    """Slices whose ends the dims' ranges keep inside the axis, marked so: their extent is the end itself.
+
+    With a dynamic sequence (``torch.export.Dim("s", max=64)``), BERT slices its position table of 64 to
+    ``s``; TVM clamps the end, the slice's extent becomes ``min(s, 64)`` (and the reshapes after it take that
+    shape), which Relax cannot relate to ``s``: the sum with the token embeddings lost its shape and the model
+    was refused. The importer records each dim's upper bound (``tir_var_upper_bound``); where the bounds prove
+    ``0 <= begin <= end <= extent`` (unit steps) the slice takes ``assume_inbound``, shape arguments are
+    simplified under the same bounds (``min(s, 64)`` is ``s``), and the model checks those dims against their
+    bounds when it runs (:func:`_with_range_checks`).
+    """
+    from tvm import sym, tirx
+
+    from forge_core.transforms.rebind import RebindError, rebind
+
+    func = mod["main"]
+    attrs = func.attrs or {}
+    upper = dict(attrs.get("tir_var_upper_bound", {}) or {})
+    if not upper:
+        return mod
+    analyzer = sym.Analyzer()
+    for param in func.params:
+        shape = getattr(getattr(param, "ty", None), "shape", None)
+        for value in shape.values if isinstance(shape, relax.ShapeExpr) else ():
+            for var in tirx.analysis.undefined_vars(value):
+                if var.name in upper:
+                    # from 0, not the recorded lower bound: sizes below it are not checked, so no rewrite may
+                    # rely on it
+                    analyzer.update(var, sym.ConstIntBound(0, int(upper[var.name])), override=True)
+    changed = []
+    relied_on: set[str] = set()  # the dims whose upper bounds a slice's proof used
+
+    def prim(value: Any) -> Any:
+        return value if tvm.ir.is_prim_expr(value) else getattr(value, "value", value)
+
+    def in_bounds(args: list[relax.Expr]) -> bool:
+        data, *tuples = args
+        shape = getattr(data.ty, "shape", None)
+        if not isinstance(shape, relax.ShapeExpr) or not all(isinstance(t, relax.Tuple) for t in tuples):
+            return False
+        for axis, start, stop, step in zip(*[[prim(v) for v in t.fields] for t in tuples]):
+            if not isinstance(axis, tirx.IntImm) or not (isinstance(step, tirx.IntImm) and int(step.value) == 1):
+                return False
+            extent = shape.values[int(axis.value) % len(shape.values)]
+            if not (analyzer.can_prove(start >= 0) and analyzer.can_prove(stop >= start)
+                    and analyzer.can_prove(stop <= extent)):
+                return False
+        for stop in (prim(v) for v in tuples[2].fields):
+            relied_on.update(var.name for var in tirx.analysis.undefined_vars(stop))
+        return True
+
+    def rewrite(_binding: str, call: relax.Call, args: list[relax.Expr], _emit: Any) -> relax.Expr | None:
+        simplified = [relax.ShapeExpr([analyzer.simplify(v) for v in a.values]) if isinstance(a, relax.ShapeExpr)
+                      else a for a in args]
+        shapes_changed = any(not tvm_ffi.structural_equal(new, old) for new, old in zip(simplified, args))
+        if getattr(call.op, "name", "") == "relax.strided_slice" and not bool(call.attrs.assume_inbound) \
+                and in_bounds(simplified):
+            changed.append(call)
+            return relax.op.strided_slice(simplified[0], *[list(t.fields) for t in simplified[1:]],
+                                          assume_inbound=True)
+        if shapes_changed:
+            changed.append(call)
+            return relax.Call(call.op, simplified, call.attrs, call.ty_args)
+        return None
+
+    try:
+        new_main = rebind(mod, "main", rewrite_call=rewrite)
+    except RebindError:  # a binding that does not re-infer: the module as imported (checked just after)
+        return mod
+    if not changed:
+        return mod
+    result = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+    result["main"] = _with_range_checks(new_main, {name: upper[name] for name in relied_on if name in upper})
+    return result
+
+
+def _with_range_checks(func: relax.Function, upper: dict[str, Any]) -> relax.Function:
+    """``func`` checking, when it runs, that each dim a slice's proof used is at most the bound the program
+    recorded: the slice reads past its table otherwise (BERT at a sequence of 80 against a table of 64: a
+    segmentation fault where torch raises). A larger size raises ``forge.InputError`` naming the input."""
+    from tvm import tirx
+
+    from forge_core.runtime.signature import RUN_TIME_CHECK
+
+    bindings: list[relax.VarBinding] = []
+
+    def bind(name: str, expr: relax.Expr, ty: Any) -> relax.Var:
+        var = relax.Var(name, ty)
+        bindings.append(relax.VarBinding(var, expr))
+        return var
+
+    size_ty, count_ty, fine_ty = (relax.TensorType((1,), "int64"), relax.TensorType((), "int64"),
+                                  relax.TensorType((), "bool"))
+
+    seen = set()
+    for param in func.params:
+        shape = getattr(param.ty, "shape", None)
+        for axis, value in enumerate(shape.values if isinstance(shape, relax.ShapeExpr) else ()):
+            if not isinstance(value, tirx.Var) or value.name not in upper or value.name in seen:
+                continue
+            seen.add(value.name)
+            low, high = 0, int(upper[value.name])
+            size = bind(f"{value.name}_size", relax.op.shape_to_tensor(relax.ShapeExpr([value])), size_ty)
+            outside = relax.op.logical_or(relax.op.less(size, relax.const(low, "int64")),
+                                          relax.op.greater(size, relax.const(high, "int64")))
+            count = bind(f"{value.name}_outside", relax.op.sum(relax.op.astype(outside, "int64")), count_ty)
+            fine = bind(f"{value.name}_fine", relax.op.equal(count, relax.const(0, "int64")), fine_ty)
+            message = (f"{RUN_TIME_CHECK}input {param.name!r} axis {axis} ({value.name}) must be at most {high}, "
+                       "the bound torch.export recorded for it (the model slices a table of that size), given {}")
+            bind(f"{value.name}_checked", relax.op.assert_op(fine, [size], message), relax.TupleType([]))
+    if not bindings:
+        return func
+    body = relax.SeqExpr([relax.BindingBlock(bindings), *func.body.blocks], func.body.body)
+    checked = relax.Function(func.params, body, func.body.body.ty, False, func.attrs, func.span)  # checks: impure
+    return relax.transform.Normalize()(tvm.IRModule({"main": checked}))["main"]
 
 
 def _check_shapes_known(mod: tvm.IRModule) -> None:
