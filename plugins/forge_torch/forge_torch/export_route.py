@@ -116,7 +116,7 @@ def _slices_within_bounds(mod: tvm.IRModule) -> tvm.IRModule:
                     # rely on it
                     analyzer.update(var, sym.ConstIntBound(0, int(upper[var.name])), override=True)
     changed = []
-    relied_on: set[str] = set()  # the dims whose upper bounds a slice's proof used
+    relied_on: set[str] = set()  # the dims whose upper bounds a proof or a simplification used
 
     def prim(value: Any) -> Any:
         return value if tvm.ir.is_prim_expr(value) else getattr(value, "value", value)
@@ -138,8 +138,15 @@ def _slices_within_bounds(mod: tvm.IRModule) -> tvm.IRModule:
         return True
 
     def rewrite(_binding: str, call: relax.Call, args: list[relax.Expr], _emit: Any) -> relax.Expr | None:
-        simplified = [relax.ShapeExpr([analyzer.simplify(v) for v in a.values]) if isinstance(a, relax.ShapeExpr)
-                      else a for a in args]
+        simplified = []
+        for arg in args:
+            if isinstance(arg, relax.ShapeExpr):
+                values = [analyzer.simplify(v) for v in arg.values]
+                for old, new in zip(arg.values, values):
+                    if not tvm_ffi.structural_equal(old, new):  # a rewrite that relies on the bounds
+                        relied_on.update(var.name for var in tirx.analysis.undefined_vars(old))
+                arg = relax.ShapeExpr(values)
+            simplified.append(arg)
         shapes_changed = any(not tvm_ffi.structural_equal(new, old) for new, old in zip(simplified, args))
         if getattr(call.op, "name", "") == "relax.strided_slice" and not bool(call.attrs.assume_inbound) \
                 and in_bounds(simplified):
