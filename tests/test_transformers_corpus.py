@@ -215,42 +215,28 @@ def test_from_torch_keeps_the_batch_dynamic(model_name, route, tmp_path):
         assert_matches_framework(runtime.infer(*[v.numpy() for v in values]), want)
 
 
-def test_from_torch_with_a_dynamic_sequence_keeps_the_direct_route(caplog):
+@pytest.mark.parametrize("route", ["input_infos", "export-Dim"])
+def test_a_dynamic_sequence_keeps_the_torch_export_route(route, caplog):
     """With the sequence dynamic, ``torch.export`` slices BERT's position table of 64 to the sequence, which
-    TVM clamped to ``min(sequence, 64)``: Relax could not relate it to the sequence, the sum lost its shape,
-    and ``from_torch`` fell back to the ONNX route. The range torch records for the sequence (at most the
-    table's 64, from the slice's own guard) proves the slice in bounds: the torch.export route keeps it, and
-    the numbers match at three (batch, sequence) sizes."""
+    TVM clamped to ``min(sequence, 64)``: Relax could not relate it to the sequence and the sum lost its shape;
+    ``from_torch(model, input_infos)`` fell back to the ONNX route, and an ExportedProgram (``Dim`` on batch
+    and sequence) was refused. The bound torch records for the sequence (``max=64``, or the table's 64 that
+    ``Dim.AUTO`` infers from the slice's guard) proves the slice in bounds: the torch.export route keeps the
+    model, the numbers match at three (batch, sequence) sizes, and a sequence past the table is refused."""
     arch = ARCHITECTURES["bert"]
     model = arch.build(seed=4).eval()
     with caplog.at_level(logging.WARNING, logger="forge.torch"):
-        ir = forge.from_torch(model, [(name, ((-1, -1), "int64")) for name in arch.input_names])
+        if route == "input_infos":
+            ir = forge.from_torch(model, [(name, ((-1, -1), "int64")) for name in arch.input_names])
+        else:
+            inputs = arch.inputs(BATCH, LENGTH, seed=1)
+            dims = {0: torch.export.Dim("batch", max=64), 1: torch.export.Dim("sequence", max=64)}
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ir = forge.from_torch(torch.export.export(model, inputs, dynamic_shapes=tuple(dims for _ in inputs),
+                                                          strict=False))
     assert not [r.getMessage() for r in caplog.records if "loaded through ONNX" in r.getMessage()]
     assert ir.input_shapes == [(-1, -1)] * 2
-    run = ir.get_inference_function()
-    for batch_size, length in [(1, 7), (3, 33), (8, 64)]:
-        values = arch.inputs(batch_size, length, seed=batch_size)
-        assert_matches_framework(run(*[v.numpy() for v in values]), reference(model, values))
-    # past the table of 64 the slice would read beyond it (a segmentation fault): refused, naming the input
-    with pytest.raises(forge.InputError, match=r"input 'input_ids' axis 1 .* must be at most 64.*\[80\]"):
-        run(*[v.numpy() for v in arch.inputs(1, 80, seed=1)])
-
-
-def test_an_exported_program_with_a_dynamic_sequence_keeps_it():
-    """``torch.export`` with ``Dim`` on the batch and the sequence: BERT slices its position table of 64 to the
-    sequence, which TVM clamped to ``min(sequence, 64)``; the program was refused (the sum lost its shape). The
-    dims' ranges the program records (``max=64``) prove the slice in bounds: its extent is the sequence, and
-    the numbers match the module at three (batch, sequence) sizes."""
-    arch = ARCHITECTURES["bert"]
-    model = arch.build(seed=4).eval()
-    inputs = arch.inputs(BATCH, LENGTH, seed=1)
-    batch, sequence = torch.export.Dim("batch", max=64), torch.export.Dim("sequence", max=64)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        program = torch.export.export(model, inputs, dynamic_shapes=tuple({0: batch, 1: sequence} for _ in inputs),
-                                      strict=False)
-    ir = forge.from_torch(program)
-    assert ir.input_shapes == [(-1, -1)] * len(inputs)
     run = ir.get_inference_function()
     for batch_size, length in [(1, 7), (3, 33), (8, 64)]:
         values = arch.inputs(batch_size, length, seed=batch_size)
