@@ -32,6 +32,14 @@ TEMP_MARK = ".tmp-"
 """Part of every temporary name Forge stages an output under (``.<name>.tmp-<random>``)."""
 
 
+def cache_dir(name: str) -> Path:
+    """Forge's cache directory ``name``: under ``$FORGE_CACHE_DIR``, else ``$XDG_CACHE_HOME/forge``, else
+    ``~/.cache/forge`` (nvcc's fatbins, the wheels of bundles)."""
+    root = os.environ.get("FORGE_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "forge")
+    return Path(root) / name
+
+
 def file_error(code: int, filename: str | os.PathLike[str], verb: str = "write") -> FileAccessError:
     """A :class:`FileAccessError` with the system's text for ``code``."""
     return FileAccessError(code, os.strerror(code), str(filename), verb)

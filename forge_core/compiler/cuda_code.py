@@ -41,6 +41,7 @@ import tvm
 import tvm_ffi
 
 from forge_core.errors import CompilationError
+from forge_core.files import cache_dir, write_file
 
 logger = logging.getLogger("forge.compile")
 
@@ -156,33 +157,29 @@ def default_arch() -> str:
     return DEFAULT_ARCH
 
 
-def gencode(arch: str) -> list[str]:
-    """nvcc's options for ``arch``: its machine code, and its PTX unless the arch is arch-specific (``sm_90a``),
-    whose PTX no other GPU runs."""
+def _codes(arch: str) -> tuple[str, list[str]]:
+    """The virtual arch of ``arch`` and what its fatbin holds: its machine code, and its PTX unless the arch is
+    arch-specific (``sm_90a``), whose PTX no other GPU runs."""
     virtual = "compute_" + arch.removeprefix("sm_")
-    codes = arch if arch[-1] in "af" else f"[{arch},{virtual}]"
-    return ["-gencode", f"arch={virtual},code={codes}"]
+    return virtual, [arch] if arch[-1] in "af" else [arch, virtual]
+
+
+def gencode(arch: str) -> list[str]:
+    """nvcc's options for ``arch``'s fatbin (:func:`_codes`)."""
+    virtual, codes = _codes(arch)
+    return ["-gencode", f"arch={virtual},code={codes[0] if len(codes) == 1 else '[' + ','.join(codes) + ']'}"]
 
 
 def code_entry(nvcc: Nvcc, arch: str) -> dict[str, Any]:
     """The metadata entry ``cuda``: what the library's fatbin holds and what built it."""
-    return {"arch": arch, "code": "fatbin",
-            "contents": [arch] + ([] if arch[-1] in "af" else ["compute_" + arch.removeprefix("sm_")]),
-            "nvcc": nvcc.version}
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get(CACHE_ENV) or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "forge")
-    return Path(root) / "cuda"
+    return {"arch": arch, "code": "fatbin", "contents": _codes(arch)[1], "nvcc": nvcc.version}
 
 
 def compile_fatbin(source: str, arch: str, nvcc: Nvcc, *, fast_math: bool = False) -> bytes:
     """``source`` as a fatbin for ``arch``, from the cache when the same source was compiled before."""
     options = ["--fatbin", "-O3", *gencode(arch)] + (["--use_fast_math"] if fast_math else [])
     key = hashlib.sha256("\0".join([nvcc.version, *options, source]).encode()).hexdigest()
-    cache = _cache_dir()
-    cached = cache / f"{key}.fatbin"
+    cached = cache_dir("cuda") / f"{key}.fatbin"
     if cached.is_file():
         data = cached.read_bytes()
         if data.startswith(FATBIN_MAGIC):
@@ -198,12 +195,9 @@ def compile_fatbin(source: str, arch: str, nvcc: Nvcc, *, fast_math: bool = Fals
             )
         data = (Path(work) / "kernels.fatbin").read_bytes()
     try:  # a cache write that fails costs the next build a compile, nothing more
-        cache.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=cache, delete=False, suffix=".part") as part:
-            part.write(data)
-        os.replace(part.name, cached)
+        write_file(cached, data)
     except OSError as exc:
-        logger.debug("the CUDA fatbin cache %s was not written: %s", cache, exc)
+        logger.debug("the CUDA fatbin cache %s was not written: %s", cached, exc)
     return data
 
 
@@ -235,13 +229,10 @@ def _packed(value: bytes) -> bytes:
     return _U64.pack(len(value)) + value
 
 
-def replace_cuda_sources(blob: bytes, compile_source: Callable[[str], bytes]) -> tuple[bytes, int]:
-    """``blob`` (TVM's serialized module tree) with every CUDA module's source replaced by its fatbin.
-
-    The tree is ``[length][row pointers][child indices]`` then, per module, its kind and, but for the host
-    library (``_lib``), its bytes; a CUDA module's bytes are ``[format][function table][code]``, the code last.
-    Returns the new blob and the number of CUDA modules compiled; a blob that does not parse raises ValueError.
-    """
+def _modules(blob: bytes) -> tuple[bytes, list[tuple[bytes, bytes | None]]]:
+    """TVM's serialized module tree: ``[length][row pointers][child indices]`` then, per module, its kind and,
+    but for the host library (``_lib``), its bytes. Returns the import tree's bytes and each module's
+    ``(kind, bytes or None)``; a blob that does not parse to its last byte raises ValueError."""
     reader = _Reader(blob)
     total = reader.u64()
     if total != len(blob) - 8:
@@ -250,22 +241,28 @@ def replace_cuda_sources(blob: bytes, compile_source: Callable[[str], bytes]) ->
     rows = [reader.u64() for _ in range(reader.u64())]
     for _ in range(reader.u64()):
         reader.u64()
-    out = [blob[start:reader.at]]
-    compiled = 0
+    tree = blob[start:reader.at]
+    modules: list[tuple[bytes, bytes | None]] = []
     for _ in range(max(len(rows) - 1, 0)):
         kind = reader.string()
-        out.append(_packed(kind))
-        if kind == b"_lib":
-            continue
-        payload = reader.string()
-        if kind == b"cuda":
-            payload = _compiled_payload(payload, compile_source)
-            compiled += 1
-        out.append(_packed(payload))
+        modules.append((kind, None if kind == b"_lib" else reader.string()))
     if reader.at != len(blob):
         raise ValueError(f"{len(blob) - reader.at} bytes follow the last serialized module")
+    return tree, modules
+
+
+def replace_cuda_sources(blob: bytes, compile_source: Callable[[str], bytes]) -> tuple[bytes, int]:
+    """``blob`` (TVM's serialized module tree, :func:`_modules`) with every CUDA module's source replaced by its
+    fatbin; a CUDA module's bytes are ``[format][function table][code]``, the code last. Returns the new blob
+    and the number of CUDA modules compiled; a blob that does not parse raises ValueError."""
+    tree, modules = _modules(blob)
+    out = [tree]
+    for kind, payload in modules:
+        out.append(_packed(kind))
+        if payload is not None:
+            out.append(_packed(_compiled_payload(payload, compile_source) if kind == b"cuda" else payload))
     body = b"".join(out)
-    return _U64.pack(len(body)) + body, compiled
+    return _U64.pack(len(body)) + body, sum(kind == b"cuda" for kind, _ in modules)
 
 
 def _compiled_payload(payload: bytes, compile_source: Callable[[str], bytes]) -> bytes:
@@ -288,19 +285,10 @@ def _split_code(rest: bytes, is_code: Callable[[bytes], bool]) -> tuple[bytes, b
 
 
 def cuda_modules(blob: bytes) -> list[tuple[str, bytes]]:
-    """Each CUDA module of a serialized tree: its format (``fatbin``, ``cuda``...) and its code."""
-    reader = _Reader(blob)
-    reader.u64()
-    rows = [reader.u64() for _ in range(reader.u64())]
-    for _ in range(reader.u64()):
-        reader.u64()
+    """Each CUDA module of a serialized tree (:func:`_modules`): its format (``fatbin``, ``cuda``...) and code."""
     found = []
-    for _ in range(max(len(rows) - 1, 0)):
-        kind = reader.string()
-        if kind == b"_lib":
-            continue
-        payload = reader.string()
-        if kind == b"cuda":
+    for kind, payload in _modules(blob)[1]:
+        if kind == b"cuda" and payload is not None:
             inner = _Reader(payload)
             fmt = inner.string().decode()
             check = (lambda code: code.startswith(FATBIN_MAGIC)) if fmt == "fatbin" else (lambda code: True)

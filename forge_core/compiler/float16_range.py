@@ -69,7 +69,8 @@ def measure(mod: tvm.IRModule, opt_level: int = 2, seed: int = 0) -> dict[str, f
     """The largest finite magnitude of each float32 tensor that an operator computes in ``main``, by binding
     name, on random inputs (run on this machine's CPU)."""
     from forge_core.compiler.pipeline import build
-    from forge_core.runtime.signature import TensorSpec, random_inputs
+    from forge_core.ir.introspection import input_specs
+    from forge_core.runtime.signature import random_inputs
     from forge_core.targets.parsing import resolve_target
 
     plain = relax.transform.ToNonDataflow()(mod)
@@ -83,13 +84,7 @@ def measure(mod: tvm.IRModule, opt_level: int = 2, seed: int = 0) -> dict[str, f
     watching = tvm.IRModule(dict(plain.functions), attrs=plain.attrs)
     watching["main"] = relax.Function(func.params, body, None, func.is_pure, func.attrs)
     watching = relax.transform.ConvertToDataflow()(relax.transform.Normalize()(watching))
-    specs = []
-    for param in func.params:
-        info = param.ty
-        if not isinstance(info, relax.TensorType) or info.shape is None:
-            raise ValueError(f"input {param.name!r} is not a tensor of known rank")
-        dims = tuple(int(d) if isinstance(d, tvm.tirx.IntImm) else -1 for d in info.shape.values)
-        specs.append(TensorSpec(param.name, dims, str(info.dtype)))
+    specs = input_specs(list(func.params))
     executable = build(watching, resolve_target("llvm"), opt_level)
     vm = tvm.runtime.vm.VirtualMachine(executable, tvm.cpu())
     outputs = vm["main"](*[tvm.runtime.tensor(a) for a in random_inputs(specs, seed)])

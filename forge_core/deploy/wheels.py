@@ -13,13 +13,12 @@ pinned here. The versions are the ones Forge is installed with
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from forge_core import files
 from forge_core.errors import ForgeError
 
 PLATFORMS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -78,9 +77,7 @@ ENCRYPTION = ("cryptography==50.0.2", "cffi==2.1.1", "pycparser==3.12")
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("FORGE_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "forge")
-    return Path(root) / "wheels"
+    return files.cache_dir("wheels")
 
 
 def _sha256(path: Path) -> str:
@@ -125,10 +122,6 @@ def wheel(requirement: str, platform: str, python: str) -> Path:
                 if _sha256(found) != pinned[found.name]:
                     raise ForgeError(f"{found.name}: its SHA-256 is not the pinned one; refusing it (a corrupt "
                                      "download, or a changed file on the index)")
-                cache.mkdir(parents=True, exist_ok=True)
-                part = cache / f".{found.name}.part"
-                shutil.copyfile(found, part)
-                os.replace(part, cache / found.name)
-                return cache / found.name
+                return files.write_file(cache / found.name, found.read_bytes())
         raise ForgeError(f"pip downloaded {[p.name for p in Path(work).glob('*.whl')]} for {requirement}, not one "
                          f"of the pinned files {sorted(pinned)}")
