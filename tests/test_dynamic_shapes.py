@@ -283,7 +283,7 @@ OPEN_END_SLICES = {
 }
 
 
-def check_dynamic_graph(nodes: list[onnx.NodeProto], output: str, sizes, tmp_path: Path) -> None:
+def check_dynamic_graph(nodes: list[onnx.NodeProto], output: str, sizes, tmp_path: Path, opt_level: int = 3) -> None:
     """A graph of ``x: (n, 3, h, w)``, checked with ``onnx.checker``, imported with its dims dynamic: the inference
     function and one artifact against onnxruntime at ``sizes``."""
     graph = oh.make_graph(nodes, "dynamic", [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, "h", "w"])],
@@ -294,7 +294,7 @@ def check_dynamic_graph(nodes: list[onnx.NodeProto], output: str, sizes, tmp_pat
     ir = forge.from_onnx(data)
     assert ir.input_shapes == [(-1, 3, -1, -1)]
     run = ir.get_inference_function()
-    ir.compile(output_path=tmp_path / "artifact")
+    ir.compile(output_path=tmp_path / "artifact", opt_level=opt_level)
     runtime = forge.Runtime(tmp_path / "artifact")
     for x, want in references(data, sizes):
         close(run(x), want)
@@ -389,6 +389,13 @@ def test_pad_with_pads_computed_from_dynamic_dims(mode, tmp_path):
     computes SAME padding from the input's shape. The pads become expressions of the dims; onnxruntime's
     numbers at three sizes (odd and even), from the inference function and one artifact."""
     check_dynamic_graph(_same_padding(mode), "y", [(1, 3, 5, 5), (2, 3, 6, 9), (1, 3, 17, 4)], tmp_path)
+
+
+@pytest.mark.parametrize("opt_level", [0, 1, 2, 4])
+def test_computed_same_padding_at_every_opt_level(opt_level, tmp_path):
+    """The constant-mode case of the test above at the other opt_levels (3 is there); the pooled map is the
+    padding's epilogue."""
+    check_dynamic_graph(_same_padding("constant"), "y", [(1, 3, 5, 5), (2, 3, 6, 9)], tmp_path, opt_level)
 
 
 def test_a_computed_pad_that_would_crop_is_refused_when_the_model_runs():

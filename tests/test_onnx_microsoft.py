@@ -125,3 +125,29 @@ def test_a_model_onnxruntime_optimized_and_saved(tmp_path):
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": X})[0]
     got = forge.from_onnx(optimized).get_inference_function()(X)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("opt_level", [0, 1, 2, 3, 4])
+def test_fused_operators_compiled_at_every_opt_level(opt_level, tmp_path):
+    """An artifact, not the inference function: FusedConv alone (no epilogue), FusedConv with a residual sum and
+    Relu, and a scaled FusedMatMul of transposed operands, odd sizes, at each opt_level (4: LLVM's fast-math
+    flags, a few ulps)."""
+    a = RNG.standard_normal((2, 3, 5)).astype("float32")
+    b = RNG.standard_normal((2, 4, 3)).astype("float32")
+    nodes = [
+        oh.make_node("FusedConv", ["x", "w", "b"], ["c1"], domain="com.microsoft", pads=[1, 1, 1, 1]),
+        oh.make_node("FusedConv", ["x", "w", "b", "c1"], ["c2"], domain="com.microsoft", activation="Relu",
+                     pads=[1, 1, 1, 1]),
+        oh.make_node("FusedMatMul", ["ma", "mb"], ["m"], domain="com.microsoft", transA=1, transB=1, alpha=0.25),
+    ]
+    graph = oh.make_graph(nodes, "fused", [VI("x", TensorProto.FLOAT, [1, 3, 9, 7]),
+                                           VI("ma", TensorProto.FLOAT, [2, 3, 5]), VI("mb", TensorProto.FLOAT, [2, 4, 3])],
+                          [VI("c1", TensorProto.FLOAT, [1, 4, 9, 7]), VI("c2", TensorProto.FLOAT, [1, 4, 9, 7]),
+                           VI("m", TensorProto.FLOAT, [2, 5, 4])], initializer=[W, B])
+    model = oh.make_model(graph, opset_imports=OPSETS, ir_version=8)
+    feeds = {"x": X, "ma": a, "mb": b}
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    forge.from_onnx(model).compile(output_path=tmp_path / "artifact", opt_level=opt_level)
+    got = forge.Runtime(tmp_path / "artifact").infer(*feeds.values())
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * float(np.abs(w).max()))
