@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import tvm
@@ -34,10 +36,43 @@ def iter_kinds(sch: s_tir.Schedule, block: s_tir.SBlockRV) -> str:
     return "".join(letters)
 
 
+@dataclass(frozen=True)
+class _Outline:
+    """What the rules first ask of a PrimFunc: whether it is static, and its top-level blocks' names and kinds."""
+
+    static: bool
+    blocks: tuple[tuple[str, str], ...]
+
+
+# Every rule asks the same of each function; a Schedule and TVM's type-checked calls cost about 5 ms a
+# function a rule (a third of a small model's compile). Entries hold their function, so a handle is not reused.
+_OUTLINES: OrderedDict[int, tuple[tirx.PrimFunc, _Outline]] = OrderedDict()
+_OUTLINES_KEPT = 64
+_OUTLINES_LOCK = threading.Lock()
+
+
+def _outline(func: tirx.PrimFunc) -> _Outline:
+    key = func.__hash__()
+    with _OUTLINES_LOCK:
+        cached = _OUTLINES.get(key)
+        if cached is not None and cached[0].same_as(func):
+            _OUTLINES.move_to_end(key)
+            return cached[1]
+    sch = s_tir.Schedule(func)
+    top = blocks(sch)
+    outline = _Outline(
+        static=all(extent(sch, loop) is not None for block in top for loop in sch.get_loops(block)),
+        blocks=tuple((name_of(sch, block), iter_kinds(sch, block)) for block in top))
+    with _OUTLINES_LOCK:
+        _OUTLINES[key] = (func, outline)
+        if len(_OUTLINES) > _OUTLINES_KEPT:
+            _OUTLINES.popitem(last=False)
+    return outline
+
+
 def is_static(func: tirx.PrimFunc) -> bool:
     """Whether every loop of every top-level block has a constant extent."""
-    sch = s_tir.Schedule(func)
-    return all(extent(sch, loop) is not None for block in blocks(sch) for loop in sch.get_loops(block))
+    return _outline(func).static
 
 
 def name_of(sch: s_tir.Schedule, block: s_tir.SBlockRV) -> str:
@@ -59,11 +94,14 @@ def sole_block(func: tirx.PrimFunc, prefixes: str | tuple[str, ...],
 
     None when ``func`` is not a static PrimFunc or has no such block, or several.
     """
-    if not isinstance(func, tirx.PrimFunc) or not is_static(func):
+    if not isinstance(func, tirx.PrimFunc):
+        return None
+    outline = _outline(func)
+    found = [i for i, (name, its) in enumerate(outline.blocks) if name.startswith(prefixes) and its == kinds]
+    if not outline.static or len(found) != 1:
         return None
     sch = s_tir.Schedule(func)
-    found = [b for b in blocks(sch) if name_of(sch, b).startswith(prefixes) and iter_kinds(sch, b) == kinds]
-    return (sch, found[0]) if len(found) == 1 else None
+    return sch, blocks(sch)[found[0]]
 
 
 def largest_divisor(n: int, cap: int) -> int:
