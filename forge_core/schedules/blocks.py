@@ -158,13 +158,29 @@ class VectorUnit:
 
 
 def vector_unit(target: tvm.target.Target) -> VectorUnit:
+    """The SIMD unit of ``target``'s CPU: AVX-512 (512 bits, 32 registers), AVX/AVX2 (256, 16), SSE (128, 16),
+    Arm NEON (128, 32); 128 bits for a target that is not LLVM's.
+
+    Read from the target's features: TVM 0.27's ``llvm_get_vector_width`` answers 512 for every x86 CPU (a
+    Haswell, a Zen 1), so rules sized by it tiled AVX2 code for 32 zmm registers: two ymm registers a
+    "vector" and twice the 16 ymm registers there are, spilled.
+    """
     from tvm.target import codegen
 
-    bits = int(codegen.llvm_get_vector_width(target)) if target.kind.name == "llvm" else 128
+    if target.kind.name != "llvm":
+        return VectorUnit(128, 16)
     triple = str(target.attrs.get("mtriple", "") or "")
-    aarch64 = triple.startswith(("aarch64", "arm64"))
-    registers = 32 if bits >= 512 or aarch64 else 16
-    return VectorUnit(max(bits, 128), registers)
+    if triple.startswith(("aarch64", "arm64")):
+        return VectorUnit(128, 32)
+    try:
+        if codegen.target_has_features("avx512f", target):
+            return VectorUnit(512, 32)
+        if codegen.target_has_features("avx", target):
+            return VectorUnit(256, 16)
+    except Exception:  # noqa: BLE001 - a CPU LLVM does not know: the smallest unit, always correct
+        pass
+    return VectorUnit(128, 16)
+
 
 
 def x_stride(sch: s_tir.Schedule, conv: s_tir.SBlockRV) -> int:

@@ -41,7 +41,10 @@ class Matmul(dlight.ScheduleRule):
         vec = unit.vector_factor(cols, dtype)
         mt = largest_divisor(rows, MAX_ROWS)
         # Measured on AVX-512: 8x2 vectors for tall tiles; up to 5 vectors when there are few rows.
-        vectors = (2 if unit.accumulators >= 16 else 1) if mt >= 4 else min(5, unit.accumulators // mt)
+        vectors = 2 if mt >= 4 else min(5, unit.accumulators // mt)
+        narrow = mt >= 4 and unit.accumulators < 16 and vec > 1
+        if narrow:
+            mt, vectors = _narrow_tile(rows, cols, vec, unit.registers)
         if vec > 1:
             fitting = [t for t in range(vec, vec * vectors + 1, vec) if cols % t == 0]
             nt = max(fitting) if fitting else vec
@@ -62,8 +65,24 @@ class Matmul(dlight.ScheduleRule):
         if vec > 1:
             sch.vectorize(sch.get_loops(writer)[-1])
         sch.parallel(sch.fuse(*batch, i_outer, j_outer))
-        if vec > 1:
+        if narrow and nt > vec:
+            # One register a vector (LLVM widens a 24-lane vector to 32 lanes and shuffles: 5x slower).
+            j_vectors, j_lanes = sch.split(j_inner, [None, vec])
+            sch.unroll(j_vectors)
+            sch.vectorize(j_lanes)
+        elif vec > 1:
             sch.vectorize(j_inner)
         sch.unroll(i_inner)
         sch.decompose_reduction(mm, k)
         return sch
+
+
+def _narrow_tile(rows: int, cols: int, vec: int, registers: int) -> tuple[int, int]:
+    """Rows x vectors of a tall tile on a unit of 16 registers (AVX2): the most accumulators that leave
+    a register for each vector of B and one for the broadcast A (4 x 3 or 6 x 2 vectors: 12 of 16; the
+    AVX-512 tile of 8 x 2 would spill), fewest loads per multiply-add among equals."""
+    tiles = [(m, v) for m in (8, 6, 4) if rows % m == 0 for v in (1, 2, 3)
+             if v * (m + 1) + 1 <= registers and cols % (v * vec) == 0]
+    if not tiles:
+        return largest_divisor(rows, MAX_ROWS), 1
+    return max(tiles, key=lambda t: (t[0] * t[1], -(t[0] + t[1])))

@@ -25,10 +25,6 @@ CHANNEL_TILES = (8, 6, 4)
 MIN_PIXEL_VECTORS = 2
 
 
-def _largest_divisor_in(n: int, candidates: tuple[int, ...]) -> int | None:
-    return next((c for c in candidates if n % c == 0), None)
-
-
 class PointwiseConv2dNCHW(dlight.ScheduleRule):
     """Register tile: ``mf`` output channels x ``nv`` vectors of pixels.
 
@@ -56,11 +52,17 @@ class PointwiseConv2dNCHW(dlight.ScheduleRule):
         dtype = str(stmt.writes[0].source.dtype)
         lanes = unit.lanes(dtype)
         pixels = height * width
-        mf = _largest_divisor_in(channels_out, CHANNEL_TILES)
-        if mf is None or pixels % lanes:
+        if pixels % lanes:
             return None
         vectors = pixels // lanes
-        nv = max((v for v in range(1, unit.accumulators // mf + 1) if vectors % v == 0), default=1)
+        # The widest channel tile that leaves room for MIN_PIXEL_VECTORS vectors of pixels: on AVX-512
+        # (28 accumulators) 8 x 3; on AVX2 (14) 8 channels leave one vector, so 6 x 2 or 4 x 3.
+        mf = nv = 0
+        for candidate in CHANNEL_TILES:
+            if channels_out % candidate == 0:
+                mf, nv = candidate, max(v for v in range(1, unit.accumulators // candidate + 1) if vectors % v == 0)
+                if nv >= MIN_PIXEL_VECTORS:
+                    break
         if nv < MIN_PIXEL_VECTORS:
             return None
 

@@ -1,0 +1,162 @@
+"""Schedules sized to the vector unit they run on (issue 37, item 1).
+
+TVM 0.27's ``llvm_get_vector_width`` answers 512 for every x86 CPU, so the rules had tiled AVX2 code
+for 32 zmm registers: 16-lane "vectors" split in two ymm and tiles of up to 28 of them, spilled. Here:
+
+* each class's unit, read from its features (AVX2 and AVX-VNNI: 8 fp32 lanes, 16 registers; AVX-512:
+  16 lanes, 32 registers; NEON: 4 lanes, 32; SSE: 4 lanes, 16);
+* the convolution and matmul rules' vectorized loops for each class, read from the scheduled
+  functions (no execution: every class on every host);
+* the AVX2 tiles (6 or 4 output channels x 2 or 3 pixel vectors; one vector of channels x 14 pixels;
+  4 x 3 and 4 x 2 matmul tiles of single registers) against onnxruntime, with and without an
+  epilogue, at odd sizes and two opt_levels, compiled for ``x86-64-v3``: AVX2 code runs on every
+  x86 CPU with AVX2, AVX-512 ones included.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from cpu_features import can_run
+from model_factory import make_model
+from onnx import TensorProto, helper, numpy_helper
+
+import forge
+from forge_core.compiler.options import CompileOptions
+from forge_core.compiler.pipeline import lower_to_tir, prepare_graph
+from forge_core.ir import weights
+from forge_core.schedules.apply import RULE_ATTR, apply_rules, default_rules
+from forge_core.schedules.blocks import VectorUnit, vector_unit
+from forge_core.targets.parsing import resolve_target
+
+AVX2 = "llvm -mcpu=x86-64-v3"
+
+
+@pytest.mark.parametrize("target, unit", [
+    (AVX2, VectorUnit(256, 16)),
+    ("llvm -mcpu=haswell", VectorUnit(256, 16)),
+    ("llvm -mcpu=znver3", VectorUnit(256, 16)),
+    ("llvm -mcpu=alderlake", VectorUnit(256, 16)),
+    ("llvm -mcpu=skylake-avx512", VectorUnit(512, 32)),
+    ("llvm -mcpu=cascadelake", VectorUnit(512, 32)),
+    ("llvm -mcpu=znver4", VectorUnit(512, 32)),
+    ("llvm -mcpu=znver5", VectorUnit(512, 32)),
+    ("llvm -mcpu=znver4 -mattr=-avx512f", VectorUnit(256, 16)),  # a cloud instance hiding AVX-512
+    ("llvm -mcpu=core2", VectorUnit(128, 16)),
+    ("raspberry-pi/5", VectorUnit(128, 32)),
+    ("raspberry-pi/4", VectorUnit(128, 32)),
+])
+def test_each_class_gets_its_own_vector_unit(target, unit):
+    assert vector_unit(resolve_target(target)) == unit
+
+
+RNG = np.random.default_rng(37)
+
+
+def _conv(cin: int, cout: int, size: int, *, bias: bool, relu: bool = False, residual: bool = False):
+    """A 1x1 convolution over ``size`` x ``size`` pixels, with the epilogue asked for."""
+    inits = [numpy_helper.from_array(RNG.standard_normal((cout, cin, 1, 1)).astype(np.float32) * 0.2, "w")]
+    conv_inputs = ["x", "w"]
+    if bias:
+        inits.append(numpy_helper.from_array(RNG.standard_normal(cout).astype(np.float32), "b"))
+        conv_inputs.append("b")
+    nodes = [helper.make_node("Conv", conv_inputs, ["c"], name="conv")]
+    last = "c"
+    if residual:
+        nodes.append(helper.make_node("Add", [last, "r"], ["s"], name="residual"))
+        last = "s"
+    if relu:
+        nodes.append(helper.make_node("Relu", [last], ["a"], name="relu"))
+        last = "a"
+    nodes.append(helper.make_node("Identity", [last], ["y"], name="out"))
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, size, size])]
+    if residual:
+        inputs.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, cout, size, size]))
+    return make_model(nodes, inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cout, size, size])],
+                      inits)
+
+
+def _dense(rows: int, k: int, cols: int, *, bias: bool, relu: bool = False):
+    inits = [numpy_helper.from_array(RNG.standard_normal((k, cols)).astype(np.float32) * 0.1, "w")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="matmul")]
+    last = "m"
+    if bias:
+        inits.append(numpy_helper.from_array(RNG.standard_normal(cols).astype(np.float32), "b"))
+        nodes.append(helper.make_node("Add", [last, "b"], ["a"], name="bias"))
+        last = "a"
+    if relu:
+        nodes.append(helper.make_node("Relu", [last], ["r"], name="relu"))
+        last = "r"
+    nodes.append(helper.make_node("Identity", [last], ["y"], name="out"))
+    return make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, k])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, cols])], inits)
+
+
+# name -> (model, rule, AVX2 register tile in words)
+CASES = {
+    # 144 channels: AVX2's 8-channel tile leaves one pixel vector, so 6 channels x 2 vectors (bias + ReLU)
+    "pointwise-6x2-bias-relu": (lambda: _conv(24, 144, 16, bias=True, relu=True), "PointwiseConv2dNCHW"),
+    # 32 channels: 4 x 2 vectors, no epilogue at all
+    "pointwise-4x2-no-epilogue": (lambda: _conv(16, 32, 28, bias=False), "PointwiseConv2dNCHW"),
+    # 14x14 (not whole vectors of pixels): one vector of channels x 14 pixels, residual add + ReLU
+    "conv-14-pixels-residual": (lambda: _conv(64, 48, 14, bias=True, relu=True, residual=True), "Conv2dNCHW"),
+    # 7x7, odd channel count of vectors (40 = 5 x 8)
+    "conv-7-pixels-odd": (lambda: _conv(24, 40, 7, bias=True), "Conv2dNCHW"),
+    # a transformer's dense layer: 4 rows x 3 vectors
+    "matmul-4x3-bias-relu": (lambda: _dense(128, 96, 96, bias=True, relu=True), "Matmul"),
+    # an attention head's width: 4 x 2, no epilogue
+    "matmul-4x2-no-epilogue": (lambda: _dense(64, 32, 64, bias=False), "Matmul"),
+    # rows only 6 divides, 5 vectors of columns
+    "matmul-6-rows-odd": (lambda: _dense(18, 20, 40, bias=True), "Matmul"),
+}
+
+
+def _scheduled(model, target: str) -> dict[str, str]:
+    """Each scheduled PrimFunc's rule and TVMScript, scheduled by the default rules for ``target``."""
+    ir = forge.from_onnx(model)
+    tvm_target = resolve_target(target)
+    mod = prepare_graph(weights.bind_params(ir.mod, ir.params), CompileOptions.validate(opt_level=3), tvm_target)
+    scheduled = apply_rules(lower_to_tir(mod, tvm_target, 3), tvm_target, default_rules())
+    return {str(f.attrs[RULE_ATTR]): f.script() for f in scheduled.functions.values()
+            if f.attrs is not None and RULE_ATTR in f.attrs}
+
+
+# The widths of the multiply-adds' vectorized loop each class may take: AVX2 one ymm register (8 lanes,
+# 16 registers: never two); AVX-512 one or two zmm (the rules' 8 x 2 and two-vector tiles); NEON one or two.
+WIDTHS = {AVX2: {8}, "llvm -mcpu=znver4": {16, 32}, "raspberry-pi/5": {4, 8}}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("target", list(WIDTHS))
+def test_the_rules_vectorize_by_the_class_registers(case, target):
+    build, rule = CASES[case]
+    scripts = _scheduled(build(), target)
+    if target == AVX2:
+        assert rule in scripts, sorted(scripts)
+    (script,) = [text for name, text in scripts.items() if name in ("Conv2dNCHW", "PointwiseConv2dNCHW", "Matmul")]
+    # The vectorized loop of the reduction's update (the multiply-adds), not the epilogue's write-back.
+    vectorized = {int(n) for n in re.findall(
+        r"T\.vectorized\((?:T\.int64\()?(\d+)\)?\):\s*\n\s*with T\.sblock\(\"\w*_update\"\)", script)}
+    assert vectorized, script
+    # The odd cases' 40 channels or columns: half a zmm register, which divides them, on AVX-512.
+    allowed = WIDTHS[target] | ({8} if case.endswith("-odd") and target.endswith("znver4") else set())
+    assert vectorized <= allowed, (target, vectorized)
+
+
+@pytest.mark.parametrize("opt_level", [1, 3])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_avx2_tiles_match_onnxruntime(case, opt_level, tmp_path):
+    target = resolve_target(AVX2)
+    if not can_run(target):
+        pytest.skip("this CPU has no AVX2 and FMA to run x86-64-v3 code on")
+    build, _ = CASES[case]
+    model = build()
+    feeds = {vi.name: RNG.standard_normal([d.dim_value for d in vi.type.tensor_type.shape.dim]).astype(np.float32)
+             for vi in model.graph.input}
+    (expected,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    forge.from_onnx(model).compile(target=AVX2, output_path=tmp_path / "a", opt_level=opt_level)
+    (got,) = forge.Runtime(tmp_path / "a").infer(*feeds.values())
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * float(np.abs(expected).max()))
