@@ -56,6 +56,15 @@ def test_each_class_gets_its_own_vector_unit(target, unit):
 RNG = np.random.default_rng(37)
 
 
+def _epilogue(nodes: list, steps: list[tuple[str, str | None]]) -> list:
+    """``nodes`` followed by ``steps`` (an operator and its second input, if any), the last output named y."""
+    last = nodes[-1].output[0]
+    for index, (op, operand) in enumerate(steps):
+        nodes.append(helper.make_node(op, [last] + ([operand] if operand else []), [f"e{index}"], name=f"e{index}"))
+        last = f"e{index}"
+    return nodes + [helper.make_node("Identity", [last], ["y"], name="out")]
+
+
 def _conv(cin: int, cout: int, size: int, *, bias: bool, relu: bool = False, residual: bool = False,
           kernel: int = 1):
     """A convolution (``kernel`` x ``kernel``, same padding) over ``size`` x ``size`` pixels, with the epilogue
@@ -66,15 +75,8 @@ def _conv(cin: int, cout: int, size: int, *, bias: bool, relu: bool = False, res
     if bias:
         inits.append(numpy_helper.from_array(RNG.standard_normal(cout).astype(np.float32), "b"))
         conv_inputs.append("b")
-    nodes = [helper.make_node("Conv", conv_inputs, ["c"], name="conv", pads=[kernel // 2] * 4)]
-    last = "c"
-    if residual:
-        nodes.append(helper.make_node("Add", [last, "r"], ["s"], name="residual"))
-        last = "s"
-    if relu:
-        nodes.append(helper.make_node("Relu", [last], ["a"], name="relu"))
-        last = "a"
-    nodes.append(helper.make_node("Identity", [last], ["y"], name="out"))
+    nodes = _epilogue([helper.make_node("Conv", conv_inputs, ["c"], name="conv", pads=[kernel // 2] * 4)],
+                      [("Add", "r")] * residual + [("Relu", None)] * relu)
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, size, size])]
     if residual:
         inputs.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, cout, size, size]))
@@ -84,16 +86,10 @@ def _conv(cin: int, cout: int, size: int, *, bias: bool, relu: bool = False, res
 
 def _dense(rows: int, k: int, cols: int, *, bias: bool, relu: bool = False):
     inits = [numpy_helper.from_array(RNG.standard_normal((k, cols)).astype(np.float32) * 0.1, "w")]
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="matmul")]
-    last = "m"
     if bias:
         inits.append(numpy_helper.from_array(RNG.standard_normal(cols).astype(np.float32), "b"))
-        nodes.append(helper.make_node("Add", [last, "b"], ["a"], name="bias"))
-        last = "a"
-    if relu:
-        nodes.append(helper.make_node("Relu", [last], ["r"], name="relu"))
-        last = "r"
-    nodes.append(helper.make_node("Identity", [last], ["y"], name="out"))
+    nodes = _epilogue([helper.make_node("MatMul", ["x", "w"], ["m"], name="matmul")],
+                      [("Add", "b")] * bias + [("Relu", None)] * relu)
     return make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, k])],
                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, cols])], inits)
 

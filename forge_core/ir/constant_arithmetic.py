@@ -24,6 +24,7 @@ import tvm
 from tvm import relax
 
 from forge_core.graph.index import _handle
+from forge_core.passes import replace_functions
 
 _FLOAT = frozenset({"float16", "float32", "float64"})
 
@@ -160,9 +161,4 @@ def fold_arithmetic(mod: tvm.IRModule) -> tvm.IRModule:
             new, folded = _fold_function(func)
             if folded:
                 updated[gv] = new
-    if not updated:
-        return mod
-    result = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
-    for gv, func in updated.items():
-        result[gv] = func
-    return result
+    return replace_functions(mod, updated)

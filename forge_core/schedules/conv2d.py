@@ -56,19 +56,14 @@ class Conv2dNCHW(dlight.ScheduleRule):
         vec = unit.vector_factor(channels_out, dtype)
         tile_x = largest_divisor(width, unit.accumulators if vec < unit.lanes(dtype) else min(16, unit.accumulators))
         one_by_one = [int(d) for d in weight.shape[2:]] == [1, 1]
-        # Two vectors of output channels need their two weight vectors and the broadcast pixel in registers.
-        pair_x = largest_divisor(width, (unit.registers - 3) // 2)
-        if vec == unit.lanes(dtype) and channels_out % (2 * vec) == 0 and (one_by_one or width <= NARROW_ROW) \
-                and 2 * pair_x >= tile_x:
+        if unit.registers <= 16 and vec == unit.lanes(dtype):  # AVX2
+            vec, tile_x = _tile_for_16_registers(channels_out, width, vec, unit.registers)
+        elif vec == unit.lanes(dtype) and channels_out % (2 * vec) == 0 and (one_by_one or width <= NARROW_ROW):
             # Two vectors of output channels per input pixel broadcast: fewer loads per
             # multiply-add. Measured on AVX-512: 1.2-1.6x on 1x1 and 7x7-map convolutions,
-            # slower on 3x3 convolutions over wider rows. Not where the pair holds fewer
-            # accumulators than one vector (AVX2's 16 registers: a 14-pixel row is 14 pixels x
-            # one vector, where 7 x two spilled two accumulators every step).
+            # slower on 3x3 convolutions over wider rows.
             vec *= 2
-            tile_x = pair_x
-        if unit.registers <= 16 and vec == unit.lanes(dtype):
-            vec, tile_x = _tile_for_16_registers(channels_out, width, vec, unit.registers)
+            tile_x = largest_divisor(width, unit.accumulators // 2)
 
         inline_side_inputs(sch, conv, producer(sch, conv, stmt.reads[0].source))
         epilogue = split_epilogue(sch, conv)
