@@ -98,12 +98,16 @@ class ConvNCX(dlight.ScheduleRule):
         if vec < max(2, lanes // 4) and channels_out > lanes:
             padded, vec = -(-channels_out // lanes) * lanes, lanes
         width = extent(sch, sch.get_loops(conv)[1 + rank])
-        if vec == lanes and padded % (2 * vec) == 0 and width <= NARROW_ROW:
+        # A pair of channel vectors keeps its two weight vectors and the broadcast input in registers too.
+        pair_pixels = (unit.registers - 3) // 2
+        if vec == lanes and padded % (2 * vec) == 0 and width <= NARROW_ROW \
+                and 2 * largest_divisor(width, pair_pixels) >= largest_divisor(width, unit.accumulators):
             # Short rows: two vectors per input broadcast (Conv2dNCHW measured 1.2-1.6x on rows
             # of <= 7). Not on long rows whose length has no divisor above 7 (wav2vec2's 3199
-            # outputs, tiles of 7): 15% slower there.
+            # outputs, tiles of 7): 15% slower there. Not on AVX2 where the pair's tile would hold
+            # fewer outputs than one vector's (7 outputs x 2 vectors spill on 16 registers).
             vec *= 2
-        tile_n, tile_x = _pixel_tile(sch, conv, rank, unit.accumulators // max(1, vec // lanes))
+        tile_n, tile_x = _pixel_tile(sch, conv, rank, pair_pixels if vec > lanes else unit.accumulators)
         if padded != channels_out:
             sch, conv = _with_padded_channels(sch, conv, rank, padded, vec)
             if sch is None:
