@@ -65,6 +65,11 @@ CASES = {
                                                                 None)),
     "expand-dims-negative-axis": lambda bb: bb.emit(relax.op.expand_dims(_const(4, 5), [-3])),
     "permute-reversed": lambda bb: bb.emit(relax.op.permute_dims(_const(5, 4, 3), None)),
+    # IEEE's special values: x/0, 0/0, inf/inf, sqrt of a negative (no warning, the same bits).
+    "division-by-zero-and-nan": lambda bb: bb.emit(relax.op.broadcast_to(relax.op.add(relax.op.divide(
+        relax.const(np.array([1, -1, 0, np.inf, 2], "float32")),
+        relax.const(np.array([0, 0, 0, np.inf, -0.0], "float32"))),
+        relax.op.sqrt(relax.const(np.array([-1, 4, 0, 1, 9], "float32")))), (2, 3, 4, 5))),
     # Left to FoldConstant (not exact in numpy, or not floating point): still the same constant.
     "exp-and-cast": lambda bb: bb.emit(relax.op.astype(relax.op.exp(_const(3, 4, 5, dtype="float64")), "float32")),
     "integer-division": lambda bb: bb.emit(relax.op.broadcast_to(relax.op.astype(relax.op.divide(
@@ -72,7 +77,8 @@ CASES = {
         "float32"), (2, 3, 4, 5))),
 }
 FOLDED_BY_NUMPY = {"batch-norm-chain": 11, "rsqrt-negative": 2, "max-min-broadcast": 2, "squeeze-all-and-axis": 2,
-                   "expand-dims-negative-axis": 1, "permute-reversed": 1, "exp-and-cast": 0, "integer-division": 0}
+                   "expand-dims-negative-axis": 1, "permute-reversed": 1, "exp-and-cast": 0, "integer-division": 0,
+                   "division-by-zero-and-nan": 4}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

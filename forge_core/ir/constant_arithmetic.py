@@ -131,7 +131,8 @@ def _fold_function(func: relax.Function) -> tuple[relax.Function, int]:
             value = binding.value
             if isinstance(binding, relax.VarBinding) and isinstance(value, relax.Call):
                 try:
-                    result = _evaluate(value, operand)
+                    with np.errstate(all="ignore"):  # 1/0 is inf, as TVM's code computes it, without a warning
+                        result = _evaluate(value, operand)
                 except (ValueError, TypeError, IndexError):
                     result = None  # numpy refused it: FoldConstant decides
                 if result is not None:
