@@ -65,8 +65,9 @@ class Matmul(dlight.ScheduleRule):
         if vec > 1:
             sch.vectorize(sch.get_loops(writer)[-1])
         sch.parallel(sch.fuse(*batch, i_outer, j_outer))
-        if narrow and nt > vec:
-            # One register a vector (LLVM widens a 24-lane vector to 32 lanes and shuffles: 5x slower).
+        if unit.registers <= 16 and nt > vec > 1:
+            # One register a vector (LLVM widens a 24- or 40-lane vector to 32 or 64 lanes and shuffles:
+            # 5x slower in a tall tile; a classifier's GEMV, 1x1280 by 1280x1000, 1.00 -> 0.75 ms).
             j_vectors, j_lanes = sch.split(j_inner, [None, vec])
             sch.unroll(j_vectors)
             sch.vectorize(j_lanes)
