@@ -86,7 +86,8 @@ def _evaluate(call: relax.Call, operand: Callable[[relax.Expr], np.ndarray | Non
         return None
     name = str(call.op.name)
     if name in _BINARY:
-        a, b = operand(call.args[0]), operand(call.args[1])
+        a = operand(call.args[0])  # the second is read only when the first is known: no copy of a weight
+        b = operand(call.args[1]) if a is not None else None
         if a is None or b is None or a.dtype != b.dtype or str(a.dtype) not in _FLOAT:
             return None
         return _BINARY[name](a, b)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight
 
-from forge_core.schedules.blocks import extent, largest_divisor, producer, sole_block, vector_unit
+from forge_core.schedules.blocks import (extent, largest_divisor, producer, sole_block, vector_unit,
+                                         vectorize_by_registers)
 from forge_core.schedules.epilogue import attach_epilogue, inline_side_inputs, schedule_padding, split_epilogue
 
 # Marks a weight-repacking block; relax.transform.SplitLayoutRewritePreproc moves it out so that
@@ -81,11 +82,8 @@ class Conv2dNCHW(dlight.ScheduleRule):
         if tile_x >= 4:
             sch.vectorize(sch.get_loops(writer)[-1])
         sch.parallel(sch.fuse(n, f_outer, y))
-        if unit.registers <= 16 and vec > unit.lanes(dtype):
-            # One register a vector: LLVM widens a tile of 3 vectors (24 lanes) to 32 and shuffles.
-            f_vectors, f_lanes = sch.split(f_inner, [None, unit.lanes(dtype)])
-            sch.unroll(f_vectors)
-            sch.vectorize(f_lanes)
+        if unit.registers <= 16 and vec > 1:
+            vectorize_by_registers(sch, f_inner, unit.lanes(dtype))
         elif vec > 1:
             sch.vectorize(f_inner)
         sch.unroll(x_inner)
