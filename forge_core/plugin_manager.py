@@ -9,14 +9,20 @@ Order of registration, as in pytest and tox:
 3. a check that every hook implementation matches a spec in
    :mod:`forge_core.hookspecs`.
 
-``FORGE_PLUGINS`` (unset by default: every installed plugin loads):
+``FORGE_PLUGINS`` (unset by default: every installed plugin loads), a
+comma-separated list, as pytest's ``-p``:
 
 * ``FORGE_PLUGINS=""`` or ``FORGE_PLUGINS=none`` loads no external plugin;
 * ``FORGE_PLUGINS=onnx,acme-tags`` loads only the entry points with those
-  names or from those distributions.
+  names or from those distributions (built-ins always load);
+* ``FORGE_PLUGINS=no:cpu_schedules`` switches a plugin off, built-in or
+  external (by plugin or distribution name); the rest load as usual. A
+  third-party plugin of the same name then takes the built-in's place.
+  The :data:`ESSENTIAL_PLUGINS` cannot be switched off.
 
 A plugin that fails to import is skipped with a :class:`ForgePluginWarning`
-naming it and the error. ``FORGE_TRACE_HOOKS=1`` logs every hook call.
+naming it and the error. ``FORGE_TRACE_HOOKS=1`` writes every hook call, the
+plugin it reached and its time to stderr.
 """
 
 from __future__ import annotations
@@ -25,7 +31,9 @@ import importlib
 import importlib.metadata
 import logging
 import os
+import sys
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -54,6 +62,16 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "forge_core.builtin.exporters",
 )
 """Modules of forge_core registered as plugins, before any external one."""
+
+ESSENTIAL_PLUGINS: frozenset[str] = frozenset({"folding_passes", "graph_passes", "exporters"})
+"""Built-ins that ``FORGE_PLUGINS=no:NAME`` and :meth:`ForgePluginManager.unregister` refuse.
+
+Import runs ``folding_passes``' passes on every model and ``compile()``
+``graph_passes``' (the quantized operators' lowering among them); the
+``exporters`` write the library and metadata that the runtime reads. The other
+built-ins (schedules, tag sets, fast math, transforms) may be switched off or
+replaced by a third-party plugin of the same name.
+"""
 
 
 class ForgePluginWarning(UserWarning):
@@ -151,15 +169,36 @@ T = TypeVar("T")
 # --------------------------------------------------------------------------
 
 
-def _selected_names() -> set[str] | None:
-    """None when every external plugin may load, else the allowed names."""
-    raw = os.environ.get(PLUGINS_ENV)
-    if raw is None:
-        return None
-    raw = raw.strip()
-    if raw.lower() in ("", "none", "0"):
-        return set()
-    return {part.strip() for part in raw.split(",") if part.strip()}
+@dataclass(frozen=True)
+class PluginSelection:
+    """Which plugins load: what ``FORGE_PLUGINS`` says.
+
+    ``allowed``: the external plugins (entry-point or distribution names) that
+    may load, ``None`` for every one. ``disabled``: plugins switched off with
+    ``no:NAME``, built-in or external.
+    """
+
+    allowed: frozenset[str] | None = None
+    disabled: frozenset[str] = frozenset()
+
+    @classmethod
+    def parse(cls, raw: str | None) -> PluginSelection:
+        """Read a ``FORGE_PLUGINS`` value (``None``: unset)."""
+        if raw is None:
+            return cls()
+        parts = [part.strip() for part in raw.split(",") if part.strip()]
+        disabled = frozenset(part[3:].strip() for part in parts if part.lower().startswith("no:"))
+        named = [part for part in parts if not part.lower().startswith("no:")]
+        if "" in disabled:
+            raise PluginError(f"{PLUGINS_ENV}={raw!r} holds 'no:' without a plugin name; write no:NAME")
+        if not parts or any(part.lower() in ("none", "0") for part in named):
+            return cls(frozenset(), disabled)
+        return cls(frozenset(named) if named else None, disabled)
+
+    @classmethod
+    def from_environment(cls) -> PluginSelection:
+        """The selection ``FORGE_PLUGINS`` makes now."""
+        return cls.parse(os.environ.get(PLUGINS_ENV))
 
 
 def _forge_core_version() -> str:
@@ -180,20 +219,49 @@ class ForgePluginManager:
         self,
         builtin_plugins: Iterable[str] = BUILTIN_PLUGINS,
         load_entry_points: bool = True,
+        selection: PluginSelection | None = None,
     ) -> None:
+        """Register ``builtin_plugins``, then the entry points, as ``selection`` says.
+
+        ``selection`` defaults to what ``FORGE_PLUGINS`` says
+        (:meth:`PluginSelection.from_environment`).
+        """
         self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
         self.pm.add_hookspecs(hookspecs)
         self._meta: dict[str, tuple[str, str, bool]] = {}  # name -> (distribution, version, builtin)
         self._cache: dict[str, dict[str, Any]] = {}
         self._lock = threading.RLock()
-        if os.environ.get(TRACE_ENV):
-            self.pm.add_hookcall_monitoring(_trace_before, _trace_after)
+        self.selection = selection if selection is not None else PluginSelection.from_environment()
+        refused = sorted(self.selection.disabled & ESSENTIAL_PLUGINS)
+        if refused:
+            raise PluginError(
+                f"{PLUGINS_ENV} switches off {', '.join(map(repr, refused))}, which Forge cannot run without "
+                f"(essential plugins: {', '.join(sorted(ESSENTIAL_PLUGINS))}). "
+                f"Remove {', '.join('no:' + name for name in refused)} from {PLUGINS_ENV}."
+            )
+        if os.environ.get(TRACE_ENV, "").strip().lower() not in ("", "0", "false", "no"):
+            tracer = _HookTracer()
+            self.pm.add_hookcall_monitoring(tracer.before, tracer.after)
         version = _forge_core_version()
+        seen: set[str] = set()
         for module_name in builtin_plugins:
+            name = module_name.rsplit(".", 1)[-1]
+            if name in self.selection.disabled:
+                seen.add(name)
+                logger.debug("built-in plugin %s switched off by %s", name, PLUGINS_ENV)
+                continue
             module = importlib.import_module(module_name)
-            self._register(module, module_name.rsplit(".", 1)[-1], "forge-core", version, builtin=True)
+            self._register(module, name, "forge-core", version, builtin=True)
         if load_entry_points:
-            self._load_entry_points()
+            seen |= self._load_entry_points(builtin_names={m.rsplit(".", 1)[-1] for m in builtin_plugins})
+        unknown = sorted(self.selection.disabled - seen)
+        if unknown:
+            warnings.warn(
+                f"{PLUGINS_ENV} switches off {', '.join(map(repr, unknown))}, but no installed plugin or "
+                f"distribution has that name; loaded plugins: {', '.join(self._meta)}",
+                ForgePluginWarning,
+                stacklevel=3,
+            )
         try:
             self.pm.check_pending()
         except pluggy.PluginValidationError as exc:
@@ -206,8 +274,12 @@ class ForgePluginManager:
 
     def _register(self, plugin: ModuleType | object, name: str, dist: str, version: str, builtin: bool) -> None:
         if self.pm.has_plugin(name):
-            first = self._meta[name][0]
-            raise PluginConflictError("plugin name", name, first, dist)
+            first, _, first_builtin = self._meta[name]
+            error = PluginConflictError("plugin name", name, first, dist)
+            if first_builtin:
+                error.args = (f"{error.args[0]} To replace Forge's built-in {name!r} with {dist!r}'s, switch the "
+                              f"built-in off: {PLUGINS_ENV}=no:{name}.",)
+            raise error
         self.pm.register(plugin, name=name)
         self._meta[name] = (dist, version, builtin)
 
@@ -218,11 +290,39 @@ class ForgePluginManager:
             self.pm.check_pending()
             self._cache.clear()
 
-    def _load_entry_points(self) -> None:
-        allowed = _selected_names()
+    def unregister(self, name: str) -> object:
+        """Remove the plugin ``name`` (built-in or not) and forget what it registered; return the plugin.
+
+        Raises :class:`PluginError` for an :data:`ESSENTIAL_PLUGINS` member or a name no plugin has.
+        """
+        with self._lock:
+            if name in ESSENTIAL_PLUGINS:
+                raise PluginError(f"The plugin {name!r} is essential to Forge and cannot be unregistered "
+                                  f"(essential plugins: {', '.join(sorted(ESSENTIAL_PLUGINS))}).")
+            if not self.pm.has_plugin(name):
+                raise PluginError(f"No plugin named {name!r} is registered; registered: {', '.join(self._meta)}")
+            plugin = self.pm.unregister(name=name)
+            del self._meta[name]
+            self._cache.clear()
+            return plugin
+
+    def _load_entry_points(self, builtin_names: set[str]) -> set[str]:
+        """Register the selected entry points; return the ``no:`` names that switched one off.
+
+        ``no:NAME`` of a built-in switches off the built-in only, so that an
+        entry point of that name takes its place; such an entry point is
+        switched off by its distribution's name.
+        """
+        allowed, disabled = self.selection.allowed, self.selection.disabled
+        switched_off: set[str] = set()
         for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
             dist_name = ep.dist.name if ep.dist is not None else ep.name
             version = ep.dist.version if ep.dist is not None else "0"
+            off = disabled & ({ep.name} - builtin_names | {dist_name})
+            if off:
+                switched_off |= off
+                logger.debug("plugin %s (%s) switched off by %s", ep.name, dist_name, PLUGINS_ENV)
+                continue
             if allowed is not None and ep.name not in allowed and dist_name not in allowed:
                 logger.debug("plugin %s (%s) not selected by %s", ep.name, dist_name, PLUGINS_ENV)
                 continue
@@ -239,6 +339,7 @@ class ForgePluginManager:
                 )
                 continue
             self._register(plugin, ep.name, dist_name, version, builtin=False)
+        return switched_off
 
     # -- collecting registrations -------------------------------------------
 
@@ -310,9 +411,28 @@ class ForgePluginManager:
 
     def converters(self, frontend: str) -> dict[tuple[str, str], Converter]:
         """The converters registered for ``frontend``, by ``(domain, op_type)``."""
-        every = self._collect("register_converters", "converter", _make_converter,
-                              key=lambda c: f"{c.frontend}:{c.domain or 'default'}:{c.op_type}")
+        every = self._all_converters()
         return {(c.domain, c.op_type): c for c in every.values() if c.frontend == frontend}
+
+    def _all_converters(self) -> dict[str, Converter]:
+        return self._collect("register_converters", "converter", _make_converter,
+                             key=lambda c: f"{c.frontend}:{c.domain or 'default'}:{c.op_type}")
+
+    def registrations(self) -> dict[str, dict[str, int]]:
+        """How many items of each kind every plugin registered: ``{plugin: {"passes": 3, ...}}``.
+
+        Calls every hook (what ``forge plugins`` shows, and traces with ``FORGE_TRACE_HOOKS``).
+        """
+        counts: dict[str, dict[str, int]] = {}
+        kinds: tuple[tuple[str, Callable[[], Mapping[Any, Any]]], ...] = (
+            ("frontends", self.frontends), ("passes", self.passes), ("target tags", self.target_tags),
+            ("exporters", self.exporters), ("converters", self._all_converters),
+        )
+        for kind, collect in kinds:
+            for item in collect().values():
+                plugin_counts = counts.setdefault(item.plugin, {})
+                plugin_counts[kind] = plugin_counts.get(kind, 0) + 1
+        return counts
 
     def list_plugins(self) -> list[PluginInfo]:
         """Each plugin's name, version, distribution and the hooks it implements."""
@@ -327,17 +447,31 @@ class ForgePluginManager:
         return infos
 
 
-def _trace_before(hook_name: str, impls: Sequence[pluggy.HookImpl], kwargs: Mapping[str, Any]) -> None:
-    """Log a hook call and the plugins it reaches (``FORGE_TRACE_HOOKS``)."""
-    logger.info("hook %s called on plugin(s) %s", hook_name, ", ".join(i.plugin_name for i in impls) or "-")
+class _HookTracer:
+    """``FORGE_TRACE_HOOKS``: one stderr line per hook call, its plugin(s) and its time.
 
+    Written to ``sys.stderr`` itself, as datasette's tracing does, so that it
+    shows whatever the logging configuration (the CLI logs warnings only).
+    """
 
-def _trace_after(outcome: pluggy.Result[Any], hook_name: str, impls: Sequence[pluggy.HookImpl],
-                 kwargs: Mapping[str, Any]) -> None:
-    """Log a hook call that raised (``FORGE_TRACE_HOOKS``)."""
-    if outcome.exception is not None:
-        logger.info("hook %s in plugin(s) %s raised %s: %s", hook_name,
-                    ", ".join(i.plugin_name for i in impls), type(outcome.exception).__name__, outcome.exception)
+    def __init__(self) -> None:
+        self._starts = threading.local()
+
+    def before(self, hook_name: str, impls: Sequence[pluggy.HookImpl], kwargs: Mapping[str, Any]) -> None:
+        stack = getattr(self._starts, "stack", None)
+        if stack is None:
+            stack = self._starts.stack = []
+        stack.append(time.perf_counter())
+
+    def after(self, outcome: pluggy.Result[Any], hook_name: str, impls: Sequence[pluggy.HookImpl],
+              kwargs: Mapping[str, Any]) -> None:
+        stack = getattr(self._starts, "stack", None)
+        elapsed = (time.perf_counter() - stack.pop()) * 1e3 if stack else float("nan")
+        plugins = ", ".join(i.plugin_name for i in impls) or "-"
+        line = f"forge: hook {hook_name} [{plugins}] {elapsed:.2f} ms"
+        if outcome.exception is not None:
+            line += f", raised {type(outcome.exception).__name__}: {outcome.exception}"
+        print(line, file=sys.stderr, flush=True)
 
 
 def _make_frontend(name: str, load: Callable[..., Any], *, plugin: str, description: str = "") -> Frontend:

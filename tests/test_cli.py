@@ -101,7 +101,11 @@ def test_plugins():
     listing = json.loads(forge_cli("plugins", "--json").stdout)
     names = {p["name"] for p in listing}
     assert {"folding_passes", "target_tags", "exporters", "onnx"} <= names
-    assert "register_frontends" in forge_cli("plugins").stdout
+    by_name = {p["name"]: p for p in listing}
+    assert by_name["onnx"]["registers"]["frontends"] == 1 and by_name["onnx"]["registers"]["converters"] > 10
+    assert by_name["exporters"]["registers"] == {"exporters": 3}
+    table = forge_cli("plugins").stdout
+    assert "register_frontends" in table and "3 exporters" in table
 
 
 @pytest.mark.parametrize(
@@ -162,6 +166,7 @@ def test_a_third_party_tag_plugin_installed_with_pip(model_path, tmp_path):
     plugins = json.loads(forge_cli("plugins", "--json", env=env).stdout)
     acme = next(p for p in plugins if p["name"] == "acme_tags")
     assert acme["distribution"] == "forge-acme-tags" and acme["version"] == "1.0.0"
+    assert acme["registers"] == {"target tags": 2}
     if shutil.which("aarch64-linux-gnu-gcc"):
         forge_cli("compile", model_path, "-o", tmp_path / "acme", "--target", "acme/edge-1", env=env)
         assert (tmp_path / "acme" / "model_library.so").read_bytes()[18] == 183  # EM_AARCH64

@@ -384,8 +384,7 @@ def test_a_third_party_pass_is_listed_and_applied():
         ir.apply_pass("scale_output", factor=3.0)
         assert_matches_framework(ir.get_inference_function()(x), 3.0 * want)
     finally:
-        manager.pm.unregister(name="scale-output-plugin")
-        manager._cache.clear()
+        manager.unregister("scale-output-plugin")
     with pytest.raises(forge.PluginNotInstalledError, match="scale_output"):
         forge.from_onnx(conv_chain()).apply_pass("scale_output")
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import logging
 import os
+import re
+import shutil
 import subprocess
 import sys
 
@@ -15,7 +16,15 @@ from plugin_dist import write_plugin_dist
 import forge
 from forge_core.errors import PluginConflictError, PluginError, PluginNotInstalledError
 from forge_core.hookspecs import hookimpl
-from forge_core.plugin_manager import BUILTIN_PLUGINS, ForgePluginManager, ForgePluginWarning, get_plugin_manager
+from forge_core.plugin_manager import (
+    BUILTIN_PLUGINS,
+    ESSENTIAL_PLUGINS,
+    ForgePluginManager,
+    ForgePluginWarning,
+    PluginSelection,
+    get_plugin_manager,
+    reset_plugin_manager,
+)
 
 BUILTINS = {module.rsplit(".", 1)[-1] for module in BUILTIN_PLUGINS}
 
@@ -192,26 +201,108 @@ class _PassPlugin:
         register(self.name, lambda mod, ctx: mod, description="does nothing")
 
 
-def test_trace_hooks_logs_each_hook_call_naming_the_plugin(monkeypatch, caplog):
+def test_trace_hooks_writes_each_hook_call_its_plugin_and_time_to_stderr(monkeypatch, capsys):
     monkeypatch.setenv("FORGE_TRACE_HOOKS", "1")
     manager = ForgePluginManager(load_entry_points=False)
     manager.register(_PassPlugin("traced_identity"), name="tracer")
-    with caplog.at_level(logging.INFO, logger="forge.plugins"):
-        passes = manager.passes()
-    messages = [r.getMessage() for r in caplog.records if r.name == "forge.plugins"]
-    assert any("register_passes" in m and "folding_passes" in m for m in messages), messages
-    assert any("register_passes" in m and "tracer" in m for m in messages), messages
+    passes = manager.passes()
+    lines = capsys.readouterr().err.splitlines()
+    assert any(re.fullmatch(r"forge: hook register_passes \[folding_passes\] \d+\.\d\d ms", line) for line in lines), lines
+    assert any(re.fullmatch(r"forge: hook register_passes \[tracer\] \d+\.\d\d ms", line) for line in lines), lines
     # Each item is still attributed to the plugin that registered it.
     assert passes["traced_identity"].plugin == "tracer"
     assert passes["fold_constants"].plugin == "folding_passes"
 
 
-def test_hook_calls_are_not_logged_without_trace_hooks(monkeypatch, caplog):
+def test_trace_hooks_shows_on_stderr_of_the_forge_command():
+    forge_bin = shutil.which("forge", path=os.path.dirname(sys.executable)) or "forge"
+    done = subprocess.run([forge_bin, "plugins"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "FORGE_TRACE_HOOKS": "1", "PYTHONWARNINGS": "ignore"})
+    assert done.returncode == 0, done.stderr
+    traced = [line for line in done.stderr.splitlines() if line.startswith("forge: hook ")]
+    assert any("register_frontends [onnx]" in line for line in traced), done.stderr
+    assert "folding_passes" in done.stdout and "forge: hook" not in done.stdout
+
+
+def test_hook_calls_are_not_traced_without_trace_hooks(monkeypatch, capsys):
     monkeypatch.delenv("FORGE_TRACE_HOOKS", raising=False)
     manager = ForgePluginManager(load_entry_points=False)
-    with caplog.at_level(logging.INFO, logger="forge.plugins"):
-        manager.passes()
-    assert not [r for r in caplog.records if r.name == "forge.plugins" and "register_passes" in r.getMessage()]
+    manager.passes()
+    assert "forge: hook" not in capsys.readouterr().err
+
+
+def test_no_prefix_switches_off_a_builtin_and_an_entry_point(fresh_plugins, monkeypatch):
+    monkeypatch.setenv("FORGE_PLUGINS", "no:cpu_schedules, no:onnx")
+    names = {p.name for p in forge.list_plugins()}
+    assert "cpu_schedules" not in names and "onnx" not in names
+    assert BUILTINS - {"cpu_schedules"} <= names and "torch" in names  # the rest load as usual
+    assert "cpu_default_schedules" not in get_plugin_manager().passes()
+    with pytest.raises(PluginNotInstalledError, match=r"frontend 'onnx'"):
+        forge.from_onnx(conv_bn_net())
+
+
+def test_no_prefix_combines_with_an_allow_list(fresh_plugins, monkeypatch):
+    monkeypatch.setenv("FORGE_PLUGINS", "onnx,no:fast_math")
+    names = {p.name for p in forge.list_plugins()}
+    assert names == (BUILTINS - {"fast_math"}) | {"onnx"}
+
+
+@pytest.mark.parametrize("name", sorted(ESSENTIAL_PLUGINS))
+def test_an_essential_plugin_cannot_be_switched_off(fresh_plugins, monkeypatch, name):
+    monkeypatch.setenv("FORGE_PLUGINS", f"no:{name}")
+    with pytest.raises(PluginError, match=rf"switches off '{name}', which Forge cannot run without.*Remove no:{name}"):
+        forge.list_plugins()
+    with pytest.raises(PluginError, match=rf"'{name}' is essential"):
+        ForgePluginManager(load_entry_points=False, selection=PluginSelection()).unregister(name)
+
+
+def test_switching_off_a_name_no_plugin_has_warns(fresh_plugins, monkeypatch):
+    monkeypatch.setenv("FORGE_PLUGINS", "no:cpu_schedule")  # a typo
+    with pytest.warns(ForgePluginWarning, match=r"'cpu_schedule'.*no installed plugin.*cpu_schedules"):
+        forge.list_plugins()
+
+
+def test_no_without_a_name_is_refused():
+    with pytest.raises(PluginError, match="no:NAME"):
+        PluginSelection.parse("onnx,no:")
+
+
+REPLACEMENT_TAGS = """
+from forge_core.hookspecs import hookimpl
+
+@hookimpl
+def register_target_tags(register):
+    register("acme/board-1", "llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a55", category="arm",
+             note="ACME Board 1")
+"""
+
+
+def test_a_third_party_plugin_replaces_a_switched_off_builtin_of_the_same_name(site, monkeypatch):
+    # An installed distribution (outside the checkout) whose entry point is named like the built-in tag set.
+    write_plugin_dist(site, "acme-tags", "acme_tags_plugin", REPLACEMENT_TAGS, entry_point="target_tags")
+    with pytest.raises(PluginConflictError, match=r"'target_tags'.*'forge-core'.*'acme-tags'.*FORGE_PLUGINS=no:target_tags"):
+        forge.list_plugins()
+    reset_plugin_manager()
+    monkeypatch.setenv("FORGE_PLUGINS", "no:target_tags")
+    plugins = {p.name: p for p in forge.list_plugins()}
+    assert plugins["target_tags"].distribution == "acme-tags" and not plugins["target_tags"].builtin
+    tags = get_plugin_manager().target_tags()
+    assert set(tags) == {"acme/board-1"} and tags["acme/board-1"].plugin == "target_tags"
+    assert "raspberry-pi/5" not in tags  # the built-in set is gone, not merged
+
+
+def test_unregister_removes_a_plugin_and_what_it_registered():
+    manager = ForgePluginManager(load_entry_points=False, selection=PluginSelection())
+    manager.register(_PassPlugin("short_lived"), name="visitor")
+    assert "short_lived" in manager.passes()
+    plugin = manager.unregister("visitor")
+    assert isinstance(plugin, _PassPlugin)
+    assert "short_lived" not in manager.passes()
+    assert "visitor" not in {p.name for p in manager.list_plugins()}
+    manager.unregister("fast_math")  # a built-in that is not essential
+    assert "fast_math" not in manager.passes()
+    with pytest.raises(PluginError, match=r"No plugin named 'visitor'"):
+        manager.unregister("visitor")
 
 
 def test_two_run_time_plugins_with_the_same_pass_conflict_naming_both():

@@ -532,15 +532,25 @@ def cmd_tags(args: argparse.Namespace) -> int:
     return 0
 
 
+_SINGULAR = {"frontends": "frontend", "passes": "pass", "target tags": "target tag", "exporters": "exporter",
+             "converters": "converter"}
+
+
 def cmd_plugins(args: argparse.Namespace) -> int:
     from forge_core.plugin_manager import get_plugin_manager
 
-    plugins = get_plugin_manager().list_plugins()
+    manager = get_plugin_manager()
+    plugins = manager.list_plugins()
+    registered = manager.registrations()
     if args.json:
-        out.print(json.dumps([p.to_dict() for p in plugins]), markup=False)
+        out.print(json.dumps([{**p.to_dict(), "registers": registered.get(p.name, {})} for p in plugins]),
+                  markup=False)
         return 0
-    table = Table("plugin", "version", "distribution", "hooks")
+    table = Table("plugin", "version", "distribution", "hooks", "registers")
     for plugin in plugins:
-        table.add_row(plugin.name, plugin.version, plugin.distribution, ", ".join(plugin.hooks))
+        counts = registered.get(plugin.name, {})
+        table.add_row(plugin.name, plugin.version, plugin.distribution, ", ".join(plugin.hooks),
+                      ", ".join(f"{count} {kind if count != 1 else _SINGULAR[kind]}" for kind, count in counts.items())
+                      or "-")
     out.print(table)
     return 0
