@@ -18,7 +18,11 @@ the entry-point group ``forge``::
                  category="arm", note="ACME Board 1, 4x Cortex-A55")
 
 Forge's own frontends' glue, passes, tag sets and exporters are plugins that
-implement these same hooks; the core never special-cases them.
+implement these same hooks; the core never special-cases them (a built-in
+runs where its registration says, e.g. its schedule pass's ``order``). Users
+switch any plugin but the essential ones off with ``FORGE_PLUGINS=no:NAME``, and
+a plugin of the same name may then take its place
+(:mod:`forge_core.plugin_manager`).
 
 Rules common to every hook:
 
@@ -68,7 +72,8 @@ def register_passes(register: Callable[..., None]) -> None:
     """Register named transforms of TVM's IR.
 
     Call ``register(name, transform, *, stage="optimize", description="",
-    sets_flags=None, discards_calibration=False)``:
+    sets_flags=None, discards_calibration=False, order=0, targets=None,
+    function_attrs=None)``:
 
     ``name`` (str)
         Unique pass name, e.g. ``"fold_batch_norms"``.
@@ -83,9 +88,13 @@ def register_passes(register: Callable[..., None]) -> None:
         When the pass runs: ``"import"`` (while an IRModule is built),
         ``"optimize"`` (graph-level, before lowering), ``"schedule"``
         (after lowering, on TIR PrimFuncs) or ``"transform"`` (only when a
-        user asks, like ``set_batch_size``). A stage only runs the passes that
-        its caller asks for by name; registering makes a pass *available*, and
-        :func:`forge.list_passes` lists it.
+        user asks, like ``set_batch_size``). The ``import``, ``optimize`` and
+        ``transform`` stages run only the passes their caller names
+        (``compile()`` names its optimize passes by ``opt_level``;
+        ``ir.apply_pass(name)`` any pass): registering makes such a pass
+        *available*, and :func:`forge.list_passes` lists it. The ``schedule``
+        stage is different: ``compile()`` runs **every** registered schedule
+        pass that applies (``targets``, ``function_attrs``), by ``order``.
     ``description`` (str)
         One line shown by ``forge plugins`` and ``forge.list_passes()``; the
         transform's docstring when empty.
@@ -95,6 +104,18 @@ def register_passes(register: Callable[..., None]) -> None:
         True when the pass changes the nodes that calibration statistics
         describe: ``apply_pass`` then refuses a calibrated module unless
         ``force=True``, which discards the statistics.
+    ``order`` (int, schedule passes only)
+        Schedule passes run by ascending ``order``, then name; each schedules
+        the PrimFuncs it recognises and leaves the rest to the next one.
+        Forge's ``cpu_default_schedules`` has order 100, so a pass of the
+        default 0 sees the kernels before it.
+    ``targets`` (list of str, schedule passes only)
+        The target kinds the pass runs for (``["llvm"]``, ``["cuda"]``);
+        ``None``: every target.
+    ``function_attrs`` (list of str, schedule passes only)
+        The pass runs only on a module holding a PrimFunc that carries one of
+        these attributes (the kernels a frontend's converters marked);
+        ``None``: on every module.
     """
 
 
@@ -147,15 +168,11 @@ def register_converters(register: Callable[..., None]) -> None:
     ``op_type`` (str)
         The source framework's operator name (for ONNX, the node's ``op_type``).
     ``converter`` (callable)
-        For ``"onnx"``: ``converter(bb, inputs, attrs, context) -> relax.Expr``.
-        ``bb`` is the ``relax.BlockBuilder`` being filled, ``inputs`` the
-        node's inputs as Relax expressions (``None`` for an omitted optional
-        input; constants are ``relax.Constant``), ``attrs`` the node's
-        attributes as Python values, and ``context`` a
-        ``forge_onnx.converters.ConverterContext`` (``opset``, ``node``
-        name, ``domain``). Return one expression, or a ``relax.Tuple`` for a
-        node with several outputs. Raise an exception naming what is
-        unsupported; Forge reports it with the node's name.
+        Called as the frontend that uses it defines; the frontend's plugin
+        documents that signature and the types it passes (the ``"onnx"``
+        frontend's: the docstring of the ``forge_onnx.converters`` package).
+        A converter raises an exception naming what is unsupported; the
+        frontend reports it with the node's name.
     ``domain`` (str)
         The operator's domain: ``""`` for ONNX's default one.
     ``description`` (str)

@@ -95,7 +95,12 @@ class Frontend:
 
 @dataclass(frozen=True)
 class PassSpec:
-    """A named transform ``transform(mod, context) -> mod`` of TVM's Relax IR."""
+    """A named transform ``transform(mod, context) -> mod`` of TVM's Relax IR.
+
+    ``order``, ``targets`` and ``function_attrs`` concern ``schedule`` passes,
+    which ``compile()`` runs without being asked by name (see
+    :func:`forge_core.hookspecs.register_passes`).
+    """
 
     name: str
     transform: Callable[..., Any]
@@ -104,6 +109,25 @@ class PassSpec:
     description: str = ""
     sets_flags: Mapping[str, bool] = field(default_factory=dict)
     discards_calibration: bool = False
+    order: int = 0
+    targets: tuple[str, ...] | None = None
+    function_attrs: tuple[str, ...] | None = None
+
+    def applies_to(self, mod: Any, target: Any) -> bool:
+        """Whether this schedule pass runs on ``mod`` (a lowered ``tvm.IRModule``) for ``target``.
+
+        Its ``targets`` hold ``target``'s kind (``"llvm"``, ``"cuda"``...) and,
+        where it names ``function_attrs``, a PrimFunc of ``mod`` carries one.
+        """
+        if self.targets is not None and (target is None or target.kind.name not in self.targets):
+            return False
+        if self.function_attrs is None:
+            return True
+        for func in mod.functions.values():
+            attrs = getattr(func, "attrs", None)
+            if attrs is not None and any(key in attrs for key in self.function_attrs):
+                return True
+        return False
 
 
 @dataclass(frozen=True)
@@ -480,9 +504,25 @@ def _make_frontend(name: str, load: Callable[..., Any], *, plugin: str, descript
     return Frontend(str(name), load, plugin, description)
 
 
+def _names(plugin: str, name: str, field_name: str, value: Iterable[str] | str | None) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = (value,)
+    try:
+        names = tuple(value)
+    except TypeError:
+        names = (value,)  # type: ignore[assignment]
+    if not names or not all(isinstance(v, str) and v for v in names):
+        raise PluginError(f"Plugin {plugin!r} registered pass {name!r} with {field_name}={value!r}; "
+                          "expected a non-empty list of names, or None for every one")
+    return names
+
+
 def _make_pass(
     name: str, transform: Callable[..., Any], *, plugin: str, stage: str = "optimize", description: str = "",
-    sets_flags: Mapping[str, bool] | None = None, discards_calibration: bool = False,
+    sets_flags: Mapping[str, bool] | None = None, discards_calibration: bool = False, order: int = 0,
+    targets: Iterable[str] | str | None = None, function_attrs: Iterable[str] | str | None = None,
 ) -> PassSpec:
     if stage not in PASS_STAGES:
         raise PluginError(
@@ -490,8 +530,19 @@ def _make_pass(
         )
     if not callable(transform):
         raise PluginError(f"Plugin {plugin!r} registered pass {name!r} with a transform that is not callable")
+    if isinstance(order, bool) or not isinstance(order, int):
+        raise PluginError(f"Plugin {plugin!r} registered pass {name!r} with order={order!r}; expected an int")
+    if stage != "schedule" and (order or targets is not None or function_attrs is not None):
+        raise PluginError(f"Plugin {plugin!r} registered pass {name!r} of stage {stage!r} with order, targets "
+                          "or function_attrs; those select schedule passes only (other stages run by name)")
     return PassSpec(str(name), transform, plugin, stage, description, dict(sets_flags or {}),
-                    bool(discards_calibration))
+                    bool(discards_calibration), order, _names(plugin, name, "targets", targets),
+                    _names(plugin, name, "function_attrs", function_attrs))
+
+
+def schedule_passes(passes: Iterable[PassSpec]) -> list[PassSpec]:
+    """The ``schedule`` passes among ``passes`` in the order ``compile()`` runs them: ``order``, then name."""
+    return sorted((p for p in passes if p.stage == "schedule"), key=lambda p: (p.order, p.name))
 
 
 def _make_tag(

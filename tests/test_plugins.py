@@ -311,3 +311,85 @@ def test_two_run_time_plugins_with_the_same_pass_conflict_naming_both():
     manager.register(_PassPlugin("twin"), name="second")
     with pytest.raises(PluginConflictError, match=r"pass 'twin'.*'first'.*'second'"):
         manager.passes()
+
+
+# ----------------------------------------------------------------------
+# Schedule passes: what they apply to, and in which order
+# ----------------------------------------------------------------------
+
+
+class _RecordingSchedules:
+    """Three run-time schedule passes that record the order they ran in and leave the module as it is."""
+
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+
+    def _record(self, name):
+        def transform(mod, context):
+            self.ran.append(name)
+            return mod
+        return transform
+
+    @hookimpl
+    def register_passes(self, register):
+        register("z_first", self._record("z_first"), stage="schedule", order=-5)
+        register("a_second", self._record("a_second"), stage="schedule")  # default order 0
+        register("gpu_only", self._record("gpu_only"), stage="schedule", targets=["cuda", "rocm"])
+        register("marked_only", self._record("marked_only"), stage="schedule", function_attrs="acme.marked")
+        register("after_forge", self._record("after_forge"), stage="schedule", order=200, targets="llvm")
+
+
+def test_schedule_passes_run_by_order_for_their_targets_and_modules(fresh_plugins, tmp_path):
+    from forge_core.plugin_manager import schedule_passes
+
+    recorder = _RecordingSchedules()
+    manager = get_plugin_manager()
+    manager.register(recorder, "recording-schedules")
+    builtin = manager.get_pass("cpu_default_schedules")
+    assert (builtin.order, builtin.targets) == (100, ("llvm",))
+    ordered = [p.name for p in schedule_passes(manager.passes().values())]
+    assert ordered.index("z_first") < ordered.index("a_second") < ordered.index("cpu_default_schedules") \
+        < ordered.index("after_forge")
+    forge.from_onnx(conv_bn_net()).compile(output_path=tmp_path / "a", opt_level=0)
+    assert (tmp_path / "a" / "model_library.so").is_file()
+    # No GPU target and no PrimFunc carrying acme.marked: those two did not run; the built-in ran between.
+    assert recorder.ran == ["z_first", "a_second", "after_forge"]
+
+
+def test_the_recurrent_kernel_pass_applies_only_to_modules_with_recurrent_kernels():
+    import tvm
+    from model_factory import make_model
+    from onnx import TensorProto, helper, numpy_helper
+
+    from forge_core.compiler.pipeline import lower_to_tir
+
+    spec = get_plugin_manager().get_pass("recurrent_kernels")
+    assert spec.plugin == "onnx" and spec.targets is None
+    target = tvm.target.Target("llvm")
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.normal(0, 0.3, shape).astype(np.float32), name)
+               for name, shape in (("W", (1, 16, 4)), ("R", (1, 16, 4)))]
+    lstm = make_model([helper.make_node("LSTM", ["x", "W", "R"], ["y"], hidden_size=4, name="lstm")],
+                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 1, 4])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, 1, 1, 4])], weights)
+    for model, applies in ((lstm, True), (conv_bn_net(), False)):
+        ir = forge.from_onnx(model)
+        lowered = lower_to_tir(tvm.relax.transform.BindParams("main", ir.params)(ir.mod), target, 1)
+        assert spec.applies_to(lowered, target) is applies
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"stage": "optimize", "order": 3}, r"stage 'optimize' with order, targets or function_attrs"),
+    ({"stage": "schedule", "order": "first"}, r"order='first'; expected an int"),
+    ({"stage": "schedule", "targets": []}, r"targets=\[\]; expected a non-empty list"),
+])
+def test_schedule_pass_fields_are_checked(options, message):
+    class Plugin:
+        @hookimpl
+        def register_passes(self, register):
+            register("odd", lambda mod, ctx: mod, **options)
+
+    manager = ForgePluginManager(builtin_plugins=(), load_entry_points=False, selection=PluginSelection())
+    manager.register(Plugin(), name="odd-plugin")
+    with pytest.raises(PluginError, match=rf"'odd-plugin' registered pass 'odd' .*{message}"):
+        manager.passes()

@@ -31,7 +31,7 @@ from forge_core.compiler.c_names import plain_names
 from forge_core.compiler.options import CompileOptions
 from forge_core.passes import PassContext, run_passes
 from forge_core.quantization.expand import ExpandQuantize
-from forge_core.plugin_manager import get_plugin_manager
+from forge_core.plugin_manager import get_plugin_manager, schedule_passes
 from forge_core.compiler.metadata_builder import record_schedules, schedules_entry
 from forge_core.compiler.tir_pipeline import tir_pipeline
 from forge_core.schedules.apply import FALLBACK_RULES, fold_repacked_weights, log_fallbacks, schedule_report
@@ -101,7 +101,11 @@ def schedule_stage(target: tvm.target.Target, opt_level: int, *, tuning_database
                    schedules: dict[str, Any] | None = None) -> tvm.transform.Pass:
     """Tuned schedules from ``tuning_database``, then the registered ``schedule`` passes.
 
-    External plugins' schedule passes run before the built-in ones. Each pass
+    Every registered ``schedule`` pass that applies to the target (its
+    ``targets``) and the module (its ``function_attrs``) runs, by ``order``
+    then name (:func:`forge_core.plugin_manager.schedule_passes`): Forge's
+    ``cpu_default_schedules`` has order 100, so a plugin's pass of the default
+    order 0 sees the kernels first. Each pass
     schedules the PrimFuncs it recognises and leaves the others for the next;
     the compile log then says which functions fell back. In verification mode
     (:mod:`forge_core.schedules.verify`) every function a pass or a tuning
@@ -112,9 +116,7 @@ def schedule_stage(target: tvm.target.Target, opt_level: int, *, tuning_database
     the metadata document the module carries (its ``schedules`` entry, which
     ``forge run --profile`` reads) and, when given, into ``schedules``.
     """
-    manager = get_plugin_manager()
-    builtin = {info.name for info in manager.list_plugins() if info.builtin}
-    specs = sorted((p for p in manager.passes().values() if p.stage == "schedule"), key=lambda p: p.plugin in builtin)
+    specs = schedule_passes(get_plugin_manager().passes().values())
     context = PassContext(target=target, options={"opt_level": opt_level})
 
     @tvm.transform.module_pass(opt_level=0, name="forge_schedules")
@@ -127,6 +129,8 @@ def schedule_stage(target: tvm.target.Target, opt_level: int, *, tuning_database
             if verify:
                 verify_schedules(before, mod, target, TUNED_RULE)
         for spec in specs:
+            if not spec.applies_to(mod, target):
+                continue
             logger.debug("schedule pass %s (plugin %s)", spec.name, spec.plugin)
             before, mod = mod, spec.transform(mod, context)
             if verify:

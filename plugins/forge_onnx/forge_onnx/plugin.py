@@ -7,6 +7,9 @@ from typing import Any
 
 from forge_core.hookspecs import hookimpl
 
+RECURRENT_CELL_ATTR = "forge.recurrent_cell"
+"""The PrimFunc attribute marking a recurrent kernel (here, so that registering the pass imports nothing heavy)."""
+
 
 def _load(*args: Any, **kwargs: Any) -> Any:
     from forge_onnx.loader import load_onnx
@@ -36,5 +39,6 @@ def _recurrent_kernels(*args: Any, **kwargs: Any) -> Any:
 
 @hookimpl
 def register_passes(register: Callable[..., None]) -> None:
-    register("recurrent_kernels", _recurrent_kernels, stage="schedule",
+    # Only modules holding a recurrent kernel (the PrimFuncs forge_onnx's RNN/GRU/LSTM converters mark), any target.
+    register("recurrent_kernels", _recurrent_kernels, stage="schedule", function_attrs=(RECURRENT_CELL_ATTR,),
              description="RNN/GRU/LSTM kernels rebuilt for the target: registers, cores, GPU")

@@ -4,6 +4,19 @@ Converters reach the importer through the ``register_converters`` hook (see
 ``forge_core.hookspecs``), the same way a third-party plugin adds one: this
 plugin registers the ones in this package, and a registered converter takes
 precedence over TVM's conversion of the same operator.
+
+The ``"onnx"`` frontend's converter contract (what ``register(frontend="onnx",
+op_type, converter, domain=...)`` of ``register_converters`` means here)::
+
+    converter(bb, inputs, attrs, context) -> relax.Expr
+
+``bb`` is the ``relax.BlockBuilder`` being filled, ``inputs`` the node's
+inputs as Relax expressions (``None`` for an omitted optional input),
+``attrs`` the node's attributes as Python values, and ``context`` a
+:class:`ConverterContext` (``opset``, ``node`` name, ``domain``...). Return
+one expression, or a ``relax.Tuple`` for a node with several outputs. Raise an
+exception naming what is unsupported; the importer reports it with the node's
+name and op (:class:`forge_core.errors.OperatorConversionError`).
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from forge_core.schedules.apply import RULE_ATTR, SCHEDULED_ATTR
+from forge_onnx.plugin import RECURRENT_CELL_ATTR
 from forge_onnx.converters.recurrent_math import Activation
 
 RULE_NAME = "RecurrentKernel"
@@ -515,7 +516,7 @@ class _Builder:
                 (one - z(lane)) * self._activation(d, 1, acc[i, 0, lane]) + z(lane) * h_old(lane)))
 
 
-CELL_ATTR = "forge.recurrent_cell"
+CELL_ATTR = RECURRENT_CELL_ATTR
 """The kernel's :class:`RecurrentCell` as JSON, for passes that rebuild it for a target."""
 OPTIONS_ATTR = "forge.recurrent_options"
 """The :class:`KernelOptions` it was built with, as JSON."""
