@@ -18,6 +18,18 @@ class PluginError(ForgeError):
     """A plugin is missing, broken or conflicts with another one."""
 
 
+class PluginResultError(PluginError, TypeError):
+    """A plugin's callable returned something of the wrong type (a pass that returned no ``tvm.IRModule``,
+    a loader that returned no ``forge.IRModule``). The message names the plugin, the callable and both types."""
+
+    def __init__(self, plugin: str, what: str, expected: str, given: object):
+        self.plugin = plugin
+        self.what = what
+        self.expected = expected
+        self.given = type(given).__name__
+        super().__init__(f"{what} from plugin {plugin!r} returned {self.given}, not {expected}")
+
+
 class PluginNotInstalledError(PluginError, ImportError):
     """A frontend, pass or exporter was asked for, and no installed plugin provides it.
 
@@ -85,6 +97,22 @@ class UnsupportedOperatorError(ModelImportError):
 
 class InputError(ForgeError, ValueError):
     """Inputs given to an inference function or runtime do not match the model."""
+
+
+class OptionError(ForgeError, ValueError):
+    """An argument of a Forge function has a value it cannot take (an ``opt_level`` of 7, an unknown
+    quantization method, a negative batch size...). The message names the argument, what it takes and
+    what was given."""
+
+
+class OptionTypeError(ForgeError, TypeError):
+    """An argument of a Forge function has a type it cannot take. The message names the argument, the
+    types it takes and the one given."""
+
+
+class ModelStateError(ForgeError, ValueError):
+    """An operation does not apply to the module in its present state (quantizing a module not
+    calibrated, editing a node the graph no longer holds...). The message says what to do first."""
 
 
 class TargetError(ForgeError, ValueError):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from forge_core.errors import PluginError
+from forge_core.errors import PluginResultError
 from forge_core.ir.module import IRModule
 from forge_core.plugin_manager import get_plugin_manager
 
@@ -27,10 +27,7 @@ def load(frontend: str, *args: Any, **kwargs: Any) -> IRModule:
     loader = get_plugin_manager().frontend(frontend, extra=FRONTEND_EXTRAS.get(frontend))
     result = loader.load(*args, **kwargs)
     if not isinstance(result, IRModule):
-        raise PluginError(
-            f"The {frontend!r} frontend of plugin {loader.plugin!r} returned {type(result).__name__}, "
-            "not a forge.IRModule"
-        )
+        raise PluginResultError(loader.plugin, f"The {frontend!r} frontend", "a forge.IRModule", result)
     return result
 
 

@@ -11,7 +11,7 @@ import tvm
 from tvm import relax
 from tvm.relax import dpl
 
-from forge_core.errors import ForgeError
+from forge_core.errors import PluginResultError
 from forge_core.plugin_manager import get_plugin_manager
 
 logger = logging.getLogger("forge.passes")
@@ -76,9 +76,7 @@ def run_passes(mod: tvm.IRModule, names: Iterable[str], context: PassContext | N
         logger.debug("running pass %s (from plugin %s)", name, spec.plugin)
         result = spec.transform(mod, context)
         if not isinstance(result, tvm.IRModule):
-            raise ForgeError(
-                f"Pass {name!r} from plugin {spec.plugin!r} returned {type(result).__name__}, not a tvm.IRModule"
-            )
+            raise PluginResultError(spec.plugin, f"Pass {name!r}", "a tvm.IRModule", result)
         mod = result
     return mod
 

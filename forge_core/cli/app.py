@@ -14,8 +14,40 @@ from collections.abc import Sequence
 
 from forge_core import __version__
 from forge_core.cli import commands
-from forge_core.compiler.options import OPT_LEVELS
+from forge_core.compiler.options import CHANNEL_LAYOUTS, OPT_LEVELS
 from forge_core.errors import ForgeError
+from forge_core.settings import ACTIVATION_DTYPES, CALIB_METHODS, COMPILE_DEFAULTS, QUANT_TYPES, QUANTIZE_DEFAULTS
+
+_C, _Q = COMPILE_DEFAULTS, QUANTIZE_DEFAULTS
+
+
+def compile_arguments(p: argparse.ArgumentParser, *, which: tuple[str, ...]) -> None:
+    """The flags of ``compile()``'s options ``which`` (:class:`forge_core.settings.CompileSettings` names),
+    each spelled here once with the settings' default, for every command that compiles or tunes."""
+    flags: dict[str, tuple[tuple[str, ...], dict[str, object]]] = {
+        "output_path": (("-o", "--output"), {"default": _C.output_path, "help": "artifact directory (output_path)"}),
+        "host": (("--host",), {"default": _C.host, "help": "host target for GPU targets"}),
+        "opt_level": (("--opt-level",), {"type": int, "default": _C.opt_level, "choices": sorted(OPT_LEVELS),
+                                         "help": "; ".join(f"{k}: {v}" for k, v in OPT_LEVELS.items())}),
+        "set_float16": (("--float16",), {"action": "store_true", "default": _C.set_float16,
+                                         "help": "set_float16: fp16 storage, fp32 accumulation"}),
+        "set_channel_layout": (("--channel-layout",), {"choices": sorted(CHANNEL_LAYOUTS),
+                                                       "default": _C.set_channel_layout,
+                                                       "help": "set_channel_layout"}),
+        "export_relay": (("--export-relay",), {"action": "store_true", "default": _C.export_relay,
+                                               "help": "write model_relay.txt"}),
+        "export_metadata": (("--export-metadata",), {"action": "store_true", "default": _C.export_metadata,
+                                                     "help": "write model_metadata.json"}),
+        "force_overwrite": (("--force",), {"action": "store_true", "default": _C.force_overwrite,
+                                           "help": "force_overwrite a non-empty output directory"}),
+        "uuid": (("--uuid",), {"default": _C.uuid, "help": "the artifact's uuid (default: random)"}),
+        "encrypt_password": (("--encrypt",), {
+            "action": "store_true",
+            "help": f"encrypt the artifact; the password comes from ${commands.PASSWORD_ENV} or a prompt"}),
+    }
+    for name in which:
+        names, options = flags[name]
+        p.add_argument(*names, **options)  # type: ignore[arg-type]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,19 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     comp = sub.add_parser("compile", help="compile a model into an artifact directory")
     model_arguments(comp)
-    comp.add_argument("-o", "--output", default="./compile_output", help="artifact directory (output_path)")
     comp.add_argument("--target", default="llvm", help="target string, JSON or tag (default: llvm)")
-    comp.add_argument("--host", help="host target for GPU targets")
-    comp.add_argument("--opt-level", type=int, default=3, choices=sorted(OPT_LEVELS),
-                      help="; ".join(f"{k}: {v}" for k, v in OPT_LEVELS.items()))
-    comp.add_argument("--float16", action="store_true", help="set_float16: fp16 storage, fp32 accumulation")
-    comp.add_argument("--channel-layout", choices=["first", "last"], help="set_channel_layout")
-    comp.add_argument("--export-relay", action="store_true", help="write model_relay.txt")
-    comp.add_argument("--export-metadata", action="store_true", help="write model_metadata.json")
-    comp.add_argument("--force", action="store_true", help="force_overwrite a non-empty output directory")
-    comp.add_argument("--uuid", help="the artifact's uuid (default: random)")
-    comp.add_argument("--encrypt", action="store_true",
-                      help=f"encrypt the artifact; the password comes from ${commands.PASSWORD_ENV} or a prompt")
+    compile_arguments(comp, which=("output_path", "host", "opt_level", "set_float16", "set_channel_layout",
+                                   "export_relay", "export_metadata", "force_overwrite", "uuid", "encrypt_password"))
     comp.add_argument("--shape-bucket", action="append", metavar="'NAME=D0,D1,... [NAME=...]'",
                       help="shape_buckets: also build the dynamic model for these exact input shapes, which then "
                            "run as fast as a static artifact (repeatable: one bucket each)")
@@ -76,9 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--trials", type=int, default=2000, help="trial budget over all operators")
     tune.add_argument("--minutes", type=float, help="time budget")
     tune.add_argument("--trials-per-task", type=int, help="most trials for one operator")
-    tune.add_argument("--opt-level", type=int, default=3, choices=sorted(OPT_LEVELS))
-    tune.add_argument("--float16", action="store_true")
-    tune.add_argument("--channel-layout", choices=["first", "last"])
+    compile_arguments(tune, which=("opt_level", "set_float16", "set_channel_layout"))
     rpc_arguments(tune, "measure the candidates on the devices of KEY registered with the tracker")
     tune.add_argument("--devices", type=int, metavar="N",
                       help="candidates measured at once, one a device (default: every device of the key)")
@@ -98,15 +118,17 @@ def build_parser() -> argparse.ArgumentParser:
              "rank, keeping a batch dimension of 1, else arr[i]); or, for a single-input model, an .npz with one "
              "sample per array. Files and keys are read in natural order, one sample at a time; dtypes must match "
              "the inputs' (nothing is cast). Required unless --quant-type dynamic")
-    quant.add_argument("--method", default="average",
-                       choices=["average", "entropy", "minmax", "percentile", "mse"],
-                       help="calibration method of the activation ranges (default: average)")
-    quant.add_argument("--percentile", type=float, default=99.0, metavar="P",
-                       help="the cut-off of --method percentile (default: 99.0)")
-    quant.add_argument("--per-channel", action="store_true", help="one kernel scale per output channel")
-    quant.add_argument("--activation-dtype", default="int8", choices=["int8", "uint8"], help="(default: int8)")
-    quant.add_argument("--kernel-dtype", choices=["int8", "uint8"], help="(default: the activation dtype)")
-    quant.add_argument("--quant-type", default="any", choices=["static", "dynamic", "any"],
+    quant.add_argument("--method", default=_Q.calib_method, choices=list(CALIB_METHODS),
+                       help=f"calibration method of the activation ranges (default: {_Q.calib_method})")
+    quant.add_argument("--percentile", type=float, default=_Q.percentile, metavar="P",
+                       help=f"the cut-off of --method percentile (default: {_Q.percentile})")
+    quant.add_argument("--per-channel", action="store_true", default=_Q.per_channel,
+                       help="one kernel scale per output channel")
+    quant.add_argument("--activation-dtype", default=_Q.activation_dtype, choices=list(ACTIVATION_DTYPES),
+                       help=f"(default: {_Q.activation_dtype})")
+    quant.add_argument("--kernel-dtype", default=_Q.kernel_dtype, choices=list(ACTIVATION_DTYPES),
+                       help="(default: the activation dtype)")
+    quant.add_argument("--quant-type", default=_Q.quant_type, choices=list(QUANT_TYPES),
                        help="static: calibrated activation scales; dynamic: scales computed at run time, no "
                             "calibration; any (default): static (calibration runs)")
     quant.add_argument("--exclude", action="append", metavar="NODE",
@@ -117,12 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     quant.add_argument("--report-json", metavar="FILE", help="write that report as JSON (null for an exact layer)")
     quant.add_argument("-o", "--output", required=True, help="artifact directory (output_path)")
     quant.add_argument("--target", default="llvm", help="target string, JSON or tag (default: llvm)")
-    quant.add_argument("--opt-level", type=int, default=3, choices=sorted(OPT_LEVELS),
-                       help="; ".join(f"{k}: {v}" for k, v in OPT_LEVELS.items()))
-    quant.add_argument("--channel-layout", choices=["first", "last"], help="set_channel_layout")
-    quant.add_argument("--force", action="store_true", help="force_overwrite a non-empty output directory")
-    quant.add_argument("--encrypt", action="store_true",
-                       help=f"encrypt the artifact; the password comes from ${commands.PASSWORD_ENV} or a prompt")
+    compile_arguments(quant, which=("opt_level", "set_channel_layout", "force_overwrite", "encrypt_password"))
     quant.set_defaults(handler=commands.cmd_quantize)
 
     run = sub.add_parser("run", help="run a compiled artifact and time it")

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from forge_core.settings import COMPILE_DEFAULTS as _C
+
 CHANNEL_LAYOUTS = {"first": ("NCHW", "OIHW"), "last": ("NHWC", "OHWI")}
 
 OPT_LEVELS = {
@@ -25,12 +27,12 @@ class CompileOptions:
     """Validated ``compile()`` options (everything but the target)."""
 
     output_path: Path
-    opt_level: int = 3
-    set_float16: bool = False
-    set_channel_layout: str | None = None
-    export_relay: bool = False
-    export_metadata: bool = False
-    force_overwrite: bool = False
+    opt_level: int = _C.opt_level
+    set_float16: bool = _C.set_float16
+    set_channel_layout: str | None = _C.set_channel_layout
+    export_relay: bool = _C.export_relay
+    export_metadata: bool = _C.export_metadata
+    force_overwrite: bool = _C.force_overwrite
     uuid: str = ""
     encrypt_password: bytes | None = field(default=None, repr=False)
     """The password as scrypt takes it (NFC, UTF-8), or None for a plain library."""
@@ -44,14 +46,14 @@ class CompileOptions:
         cls,
         *,
         output_path: str | os.PathLike[str] | None = None,
-        opt_level: Any = 3,
-        set_float16: Any = False,
-        set_channel_layout: Any = None,
-        export_relay: Any = False,
-        export_metadata: Any = False,
-        force_overwrite: Any = False,
-        uuid: Any = None,
-        encrypt_password: Any = None,
+        opt_level: Any = _C.opt_level,
+        set_float16: Any = _C.set_float16,
+        set_channel_layout: Any = _C.set_channel_layout,
+        export_relay: Any = _C.export_relay,
+        export_metadata: Any = _C.export_metadata,
+        force_overwrite: Any = _C.force_overwrite,
+        uuid: Any = _C.uuid,
+        encrypt_password: Any = _C.encrypt_password,
     ) -> CompileOptions:
         """Check the user's options (keyword-only) and return them; ``ValueError`` names a bad one."""
         password = None
@@ -64,7 +66,7 @@ class CompileOptions:
         if set_channel_layout not in (None, *CHANNEL_LAYOUTS):
             raise ValueError(f"set_channel_layout must be 'first', 'last' or None, given {set_channel_layout!r}")
         if output_path is None:
-            output_path = "./compile_output"
+            output_path = _C.output_path or "./compile_output"
         if uuid is None:
             uuid_text = str(uuid_lib.uuid4())
         else:

@@ -17,6 +17,9 @@ from forge_core.ir.naming import OUTPUT_NAMES_ATTR
 from forge_core.passes import PassContext, run_passes
 from forge_core.quantization.calibration_data import CalibrationData
 from forge_core.runtime.signature import SignatureSurface, TensorSpec
+from forge_core.settings import COMPILE_DEFAULTS as _C
+from forge_core.settings import COMPILE_POSITIONAL, keyword_only_after
+from forge_core.settings import QUANTIZE_DEFAULTS as _Q
 
 if TYPE_CHECKING:
     from forge_core.graph import Graph, Node
@@ -510,15 +513,15 @@ class IRModule(SignatureSurface):
 
     def quantize(
         self,
-        activation_dtype: str = "int8",
-        kernel_dtype: str | None = None,
-        bias_dtype: str | None = None,
-        per_channel: bool = False,
-        calib_method: str = "average",
-        quant_type: str = "any",
+        activation_dtype: str = _Q.activation_dtype,
+        kernel_dtype: str | None = _Q.kernel_dtype,
+        bias_dtype: str | None = _Q.bias_dtype,
+        per_channel: bool = _Q.per_channel,
+        calib_method: str = _Q.calib_method,
+        quant_type: str = _Q.quant_type,
         *,
-        exclude: Iterable[str] = (),
-        percentile: float = 99.0,
+        exclude: Iterable[str] = _Q.exclude,
+        percentile: float = _Q.percentile,
     ) -> None:
         """Applies quantization to the model with specified parameters.
 
@@ -615,21 +618,22 @@ class IRModule(SignatureSurface):
     # Compilation
     # ------------------------------------------------------------------
 
+    @keyword_only_after(*COMPILE_POSITIONAL)
     def compile(
         self,
         target: str | dict[str, Any] = "llvm",
-        host: str | dict[str, Any] | None = None,
-        output_path: str | os.PathLike[str] | None = "./compile_output",
-        opt_level: int = 3,
-        set_float16: bool = False,
-        set_channel_layout: str | None = None,
-        export_relay: bool = False,
-        export_metadata: bool = False,
-        force_overwrite: bool = False,
-        uuid: str | None = None,
-        encrypt_password: str | None = None,
         *,
-        shape_buckets: Sequence[Mapping[str, Sequence[int]]] | None = None,
+        host: str | dict[str, Any] | None = _C.host,  # type: ignore[assignment]
+        output_path: str | os.PathLike[str] | None = _C.output_path,
+        opt_level: int = _C.opt_level,
+        set_float16: bool = _C.set_float16,
+        set_channel_layout: str | None = _C.set_channel_layout,
+        export_relay: bool = _C.export_relay,
+        export_metadata: bool = _C.export_metadata,
+        force_overwrite: bool = _C.force_overwrite,
+        uuid: str | None = _C.uuid,
+        encrypt_password: str | None = _C.encrypt_password,
+        shape_buckets: Sequence[Mapping[str, Sequence[int]]] | None = _C.shape_buckets,
     ) -> None:
         """Compiles the model for a specified target with various configuration options.
 
@@ -710,16 +714,19 @@ class IRModule(SignatureSurface):
             encrypt_password=encrypt_password, shape_buckets=shape_buckets,
         )
 
+    @keyword_only_after("work_dir", "trials", "time_budget", "trials_per_task", "opt_level", "set_float16",
+                        "set_channel_layout", "progress", "rpc")
     def tune(
         self,
         target: str | dict[str, Any] = "llvm",
+        *,
         work_dir: str | os.PathLike[str] = "./tuning_database",
         trials: int = 2000,
         time_budget: float | None = None,
         trials_per_task: int | None = None,
-        opt_level: int = 3,
-        set_float16: bool = False,
-        set_channel_layout: str | None = None,
+        opt_level: int = _C.opt_level,
+        set_float16: bool = _C.set_float16,
+        set_channel_layout: str | None = _C.set_channel_layout,
         progress: bool = True,
         rpc: Any = None,
     ) -> Any:

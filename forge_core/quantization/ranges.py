@@ -36,12 +36,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from forge_core.quantization.calibration_data import TensorStatistics
+from forge_core.settings import ACTIVATION_DTYPES, CALIB_METHODS, QUANT_TYPES  # noqa: F401 (re-exported)
 
-CALIB_METHODS = ("average", "entropy", "minmax", "percentile", "mse")
 ACTIVATION_STEPS = 255  # an 8-bit activation's range holds 255 steps (int8 and uint8 alike)
-QUANT_DTYPES = ("int8", "uint8")
+QUANT_DTYPES = ACTIVATION_DTYPES
 BIAS_DTYPES = ("int8", "uint8", "int32")
-QUANT_TYPES = ("static", "dynamic", "any")
 
 _LIMITS = {"int8": (-128, 127), "uint8": (0, 255), "int32": (-(2**31), 2**31 - 1)}
 

@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 
 from forge_core.runtime.signature import SignatureSurface, TensorSpec
+from forge_core.settings import QUANTIZE_DEFAULTS as _Q
 from forge_tensorrt import onnx_graph
 
 if TYPE_CHECKING:
@@ -202,15 +203,15 @@ class ONNXModule(SignatureSurface):
 
     def quantize(
         self,
-        activation_dtype: str = "int8",
-        kernel_dtype: str | None = None,
-        bias_dtype: str | None = None,
-        per_channel: bool = True,
-        calib_method: str = "average",
-        quant_type: str = "any",
+        activation_dtype: str = _Q.activation_dtype,
+        kernel_dtype: str | None = _Q.kernel_dtype,
+        bias_dtype: str | None = _Q.bias_dtype,
+        per_channel: bool = _Q.per_channel,
+        calib_method: str = _Q.calib_method,
+        quant_type: str = _Q.quant_type,
         *,
-        exclude: Iterable[str] = (),
-        percentile: float = 99.0,
+        exclude: Iterable[str] = _Q.exclude,
+        percentile: float = _Q.percentile,
     ) -> None:
         """Quantizes the model to QDQ ONNX, placed the way TensorRT reads it.
 
@@ -218,23 +219,26 @@ class ONNXModule(SignatureSurface):
         of every ``Conv``, ``MatMul`` and ``Gemm`` with an initializer weight:
         per tensor, symmetric int8 (zero point 0, scale = max(|low|, |high|) /
         127 over the calibrated range). Weights become int8 initializers read
-        through DequantizeLinear, symmetric, per output channel (``axis`` 0 for
+        through DequantizeLinear, symmetric, per output channel with
+        ``per_channel=True`` (``axis`` 0 for
         Conv, the last axis for MatMul, by ``transB`` for Gemm). Biases and
         every other operator stay float. A model below opset 13 (per-axis
         DequantizeLinear) is upgraded. The parameters are ``IRModule.quantize``'s,
         with the values TensorRT takes.
 
         Note: Quantization is static only: TensorRT needs calibrated scales, so
-        ``quant_type="dynamic"`` raises. Unlike ``IRModule.quantize``,
-        ``per_channel`` defaults to True, as TensorRT recommends for weights.
+        ``quant_type="dynamic"`` raises. The defaults are ``IRModule.quantize``'s
+        (one each, :data:`forge_core.settings.QUANTIZE_DEFAULTS`): pass
+        ``per_channel=True`` for the per-channel weight scales TensorRT
+        recommends.
 
         Args:
             activation_dtype: "int8" (TensorRT's Q/DQ are int8; "uint8" raises).
             kernel_dtype: None or "int8".
             bias_dtype: None or "float32": biases stay float (TensorRT folds
                 them into the int8 kernel); an integer dtype raises.
-            per_channel: If True (default), one weight scale per output
-                channel; else one per weight tensor.
+            per_channel: If True, one weight scale per output channel (what
+                TensorRT recommends); else (the default) one per weight tensor.
             calib_method: "average", "entropy", "minmax", "percentile" or
                 "mse", as ``IRModule.quantize`` derives ranges ("mse" weighs
                 the rounding of the symmetric grid); default "average".
