@@ -59,13 +59,13 @@ from forge_core.targets.listing import (
 
 
 def __getattr__(name: str) -> Any:
-    """``forge.ONNXModule`` comes from the TensorRT plugin, imported on first use."""
+    """``forge.ONNXModule`` comes from the registered ``tensorrt`` plugin, imported on first use."""
     if name == "ONNXModule":
+        plugin = get_plugin_manager().plugin("tensorrt", kind="module", extra="tensorrt")
         try:
-            from forge_tensorrt.onnx_module import ONNXModule
-        except ImportError as exc:  # the cause names the missing module
+            return plugin.ONNXModule
+        except ImportError as exc:  # the cause names the missing module (onnx, onnxruntime)
             raise PluginNotInstalledError("module", "ONNXModule", extra="tensorrt") from exc
-        return ONNXModule
     raise AttributeError(f"module 'forge' has no attribute {name!r}")
 
 

@@ -222,3 +222,49 @@ class ModelQuirkWarning(UserWarning):
 
 class KeyIgnoredWarning(UserWarning):
     """A key file or password was given for a library that is not encrypted."""
+
+
+class UnsupportedFeatureError(ForgeError, NotImplementedError):
+    """Forge does not implement what was asked: a model construct a converter cannot take yet (a
+    ``SequenceInsert`` position known only at run time...), or a method of a base class that its subclass
+    must provide and did not."""
+
+
+class GraphLookupError(ForgeError, KeyError):
+    """A graph of the module, or a node of a graph, named by the caller does not exist (or no longer does,
+    after an edit). The message names it and, where there are close names, suggests them."""
+
+
+class MalformedDataError(ForgeError, ValueError):
+    """Bytes Forge reads do not follow their format: a field of an encrypted artifact's header or key file,
+    TVM's serialized modules inside a library, a calibration archive that ends early. The message names the
+    field or offset at fault; callers restate it as the error of the file (:class:`CorruptLibraryError`...)."""
+
+
+class ProcessFailedError(ForgeError, RuntimeError):
+    """A process Forge started for part of its work (a conformance worker, the child that exports a library)
+    did not start, crashed or was killed. The message names the process and how it ended."""
+
+
+class ExportProcessError(ProcessFailedError, CompilationError):
+    """The child process that exports (links) a library could not be set up, or died without an error to
+    pass back (killed by a signal, or exited with a status); the message names the output and its last words."""
+
+
+class TrackerProtocolError(RemoteDeviceError, RuntimeError):
+    """Something answered at the RPC tracker's address, but not as a TVM RPC tracker does."""
+
+
+class PluginDefinitionError(PluginError, RuntimeError):
+    """A plugin's own tables contradict themselves (two of its converter modules define the same operator):
+    a bug of the plugin, named in the message."""
+
+
+class PathNotFoundError(ForgeError, FileNotFoundError):
+    """A file or directory the caller named does not exist: a model, a compiled library, a key file. The
+    message names the path."""
+
+
+class MissingDependencyError(PluginError, ImportError):
+    """A plugin is installed but a package it needs (TensorFlow, tflite...) is not; the message names the
+    package and the ``pip install`` that brings it. ``name`` is the missing module, as :class:`ImportError`'s."""

@@ -314,6 +314,17 @@ class ForgePluginManager:
             self.pm.check_pending()
             self._cache.clear()
 
+    def plugin(self, name: str, *, kind: str = "plugin", extra: str | None = None) -> Any:
+        """The registered plugin object ``name`` (a module, usually).
+
+        Raises :class:`PluginNotInstalledError` (naming ``extra``) when no such plugin is loaded: not
+        installed, or switched off by ``FORGE_PLUGINS``.
+        """
+        found = self.pm.get_plugin(name)
+        if found is None:
+            raise PluginNotInstalledError(kind, name, extra, available=list(self._meta))
+        return found
+
     def unregister(self, name: str) -> object:
         """Remove the plugin ``name`` (built-in or not) and forget what it registered; return the plugin.
 

@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
+from forge_core.errors import OptionTypeError
+
 ACTIVATION_DTYPES = ("int8", "uint8")
 """The dtypes quantized activations and kernels take."""
 
@@ -123,12 +125,12 @@ def keyword_only_after(*names: str, since: str = "0.2") -> Callable[[F], F]:
             if not extra:
                 return func(*args, **kwargs)
             if len(extra) > len(names):
-                raise TypeError(f"{qualname}() takes at most {len(positional) + len(names)} positional arguments "
-                                f"({len(args)} given)")
+                raise OptionTypeError(f"{qualname}() takes at most {len(positional) + len(names)} positional arguments "
+                                      f"({len(args)} given)")
             given = names[:len(extra)]
             for name in given:
                 if name in kwargs:
-                    raise TypeError(f"{qualname}() got multiple values for argument {name!r}")
+                    raise OptionTypeError(f"{qualname}() got multiple values for argument {name!r}")
             example = ", ".join(f"{name}=..." for name in given)
             warnings.warn(
                 f"Passing {', '.join(given)} to {qualname}() by position is deprecated since Forge {since} and "

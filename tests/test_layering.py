@@ -1,4 +1,5 @@
-"""forge_core must not import the ``forge`` facade package built on top of it."""
+"""The import rules: forge_core and the plugins never import the ``forge`` facade, plugins never import each
+other, and the runtime side imports nothing of the compiler."""
 
 from __future__ import annotations
 
@@ -32,6 +33,35 @@ def test_forge_core_does_not_import_the_forge_facade():
     assert files
     offending = [entry for path in files for entry in _facade_imports(path)]
     assert not offending, "forge_core imports the forge facade:\n" + "\n".join(offending)
+
+
+PLUGINS = CORE.parent / "plugins"
+PLUGIN_PACKAGES = ("forge_onnx", "forge_torch", "forge_tf", "forge_tensorrt")
+
+
+def _imported_modules(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module is not None:
+            found.append((node.lineno, node.module))
+    return found
+
+
+def test_plugins_import_neither_the_facade_nor_each_other():
+    offending = []
+    for package in PLUGIN_PACKAGES:
+        files = sorted((PLUGINS / package / package).rglob("*.py"))
+        assert files, package
+        others = [p for p in PLUGIN_PACKAGES if p != package]
+        for path in files:
+            offending += _facade_imports(path, PLUGINS)
+            for line, module in _imported_modules(path):
+                if module.split(".")[0] in others:
+                    offending.append(f"{path.relative_to(PLUGINS).as_posix()}:{line}: imports {module}")
+    assert not offending, "a plugin imports the facade or another plugin:\n" + "\n".join(offending)
 
 
 def test_the_check_finds_a_facade_import(tmp_path):

@@ -484,6 +484,12 @@ def test_facade_exposes_onnx_module_and_names_the_extra_when_absent(monkeypatch)
         forge.NoSuchThing  # noqa: B018
 
 
+def test_onnx_module_follows_plugin_control(fresh_plugins, monkeypatch):
+    monkeypatch.setenv("FORGE_PLUGINS", "no:tensorrt")  # the plugin switched off: the facade does not reach past it
+    with pytest.raises(forge.PluginNotInstalledError, match=r"module 'tensorrt'.*pip install 'forge-core\[tensorrt\]'"):
+        forge.ONNXModule  # noqa: B018
+
+
 def test_build_engine_without_tensorrt_says_why(tmp_path):
     reason = tensorrt_unavailable_reason()
     if reason is None:

@@ -393,3 +393,29 @@ def test_schedule_pass_fields_are_checked(options, message):
     manager.register(Plugin(), name="odd-plugin")
     with pytest.raises(PluginError, match=rf"'odd-plugin' registered pass 'odd' .*{message}"):
         manager.passes()
+
+
+class _ChecksumExporter:
+    """A third-party exporter: a format of its own, written into every artifact."""
+
+    @hookimpl
+    def register_exporters(self, register):
+        def write(artifact, directory):
+            import hashlib
+
+            library = directory / "model_library.so"
+            path = directory / "model_library.sha256"
+            path.write_text(hashlib.sha256(library.read_bytes()).hexdigest() + "\n")
+            return [path]
+
+        register("checksum", write, description="model_library.sha256")
+
+
+def test_a_third_party_exporter_writes_into_every_artifact(fresh_plugins, tmp_path):
+    import hashlib
+
+    get_plugin_manager().register(_ChecksumExporter(), "checksum-exporter")
+    forge.from_onnx(conv_bn_net()).compile(output_path=tmp_path / "a", opt_level=0, export_metadata=True)
+    library = (tmp_path / "a" / "model_library.so").read_bytes()
+    assert (tmp_path / "a" / "model_library.sha256").read_text().strip() == hashlib.sha256(library).hexdigest()
+    assert (tmp_path / "a" / "model_metadata.json").is_file()

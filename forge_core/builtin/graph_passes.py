@@ -21,6 +21,7 @@ import tvm
 from tvm import relax
 
 from forge_core.compiler.options import CHANNEL_LAYOUTS
+from forge_core.errors import OptionError
 from forge_core.hookspecs import hookimpl
 from forge_core.passes import PassContext
 
@@ -51,7 +52,7 @@ def set_channel_layout(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:
     """Convert convolutions to ``layout`` "first" (NCHW) or "last" (NHWC); the model's inputs keep theirs."""
     layout = context.options.get("layout")
     if layout not in CHANNEL_LAYOUTS:
-        raise ValueError(f"set_channel_layout: layout must be 'first' or 'last', given {layout!r}")
+        raise OptionError(f"set_channel_layout: layout must be 'first' or 'last', given {layout!r}")
     data_layout, kernel_layout = CHANNEL_LAYOUTS[layout]
     desired = {"relax.nn.conv2d": [data_layout, kernel_layout], **_FIXED_LAYOUTS}
     return _run(mod, context, [relax.transform.ConvertLayout(desired)])

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import tvm
 
+from forge_core.errors import OptionError
 from forge_core.hookspecs import hookimpl
 from forge_core.passes import PassContext
 from forge_core.transforms import batch, split
@@ -19,7 +20,7 @@ from forge_core.transforms import batch, split
 def set_batch_size(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:
     """Set the batch (each input's leading dimension) to ``batch_size``, rewriting shapes fixed in the model."""
     if "batch_size" not in context.options:
-        raise ValueError("set_batch_size needs the option batch_size, e.g. apply_pass('set_batch_size', batch_size=8)")
+        raise OptionError("set_batch_size needs the option batch_size, e.g. apply_pass('set_batch_size', batch_size=8)")
     return batch.set_batch_size(mod, context.options["batch_size"], context.params.keys())
 
 

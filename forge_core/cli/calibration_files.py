@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from forge_core.errors import ForgeError
+from forge_core.errors import ForgeError, MalformedDataError, UnsupportedFeatureError
 from forge_core.runtime.signature import TensorSpec
 
 SUFFIXES = (".npy", ".npz")
@@ -75,13 +75,13 @@ class CalibrationSamples:
             samples.close()
 
     def _samples(self) -> Iterator[Any]:
-        raise NotImplementedError
+        raise UnsupportedFeatureError(f"{type(self).__name__} does not define _samples(), which its base class leaves to it")
 
     def source(self, index: int) -> str:
-        raise NotImplementedError
+        raise UnsupportedFeatureError(f"{type(self).__name__} does not define source(), which its base class leaves to it")
 
     def describe(self) -> str:
-        raise NotImplementedError
+        raise UnsupportedFeatureError(f"{type(self).__name__} does not define describe(), which its base class leaves to it")
 
 
 class _FileSamples(CalibrationSamples):
@@ -209,7 +209,7 @@ class _RowReader:
         else:
             data = self.stream.read(self.row_bytes)
             if len(data) != self.row_bytes:
-                raise ValueError("the archive ends before its arrays do")
+                raise MalformedDataError("the archive ends before its arrays do")
             row = np.frombuffer(bytearray(data), dtype=self.dtype).reshape(self.shape[1:])
         self.row += 1
         return row

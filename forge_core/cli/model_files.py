@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from forge_core.errors import FileAccessError, ForgeError
+from forge_core.errors import FileAccessError, ForgeError, PathNotFoundError
 
 FRONTEND_BY_SUFFIX = {
     ".onnx": "onnx",
@@ -63,7 +63,7 @@ def load_model(path_text: str, frontend: str | None, shapes: list[str] | None) -
 
     path = Path(path_text)
     if not path.exists():
-        raise FileNotFoundError(f"Model {path_text!r} does not exist")
+        raise PathNotFoundError(f"Model {path_text!r} does not exist")
     if not os.access(path, os.R_OK):
         raise FileAccessError(errno.EACCES, os.strerror(errno.EACCES), path_text, "read the model")
     name = frontend_for(path, frontend)

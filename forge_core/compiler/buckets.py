@@ -27,6 +27,7 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.sym import Analyzer
 
+from forge_core.errors import OptionError
 from forge_core.runtime.signature import TensorSpec, format_shape
 from forge_core.schedules.rewrite import substitute
 
@@ -48,12 +49,12 @@ def typed_values(values: Mapping[tvm.tirx.Var, int]) -> dict[tvm.tirx.Var, tvm.t
 
 def _bucket_shape(index: int, name: str, value: Any) -> tuple[int, ...]:
     try:
-        shape = tuple(value)
-        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-            raise TypeError
+        shape: tuple[Any, ...] | None = tuple(value)
     except TypeError:
-        raise ValueError(f"shape_buckets[{index}][{name!r}] must be a tuple of non-negative integers, given "
-                         f"{value!r}") from None
+        shape = None
+    if shape is None or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise OptionError(f"shape_buckets[{index}][{name!r}] must be a tuple of non-negative integers, given "
+                          f"{value!r}") from None
     return shape
 
 
@@ -73,39 +74,39 @@ def bucket_bindings(params: Sequence[relax.Var], specs: Sequence[TensorSpec], bu
             (the message names the input and the shapes it takes).
     """
     if isinstance(buckets, Mapping) or not isinstance(buckets, Sequence) or isinstance(buckets, (str, bytes)):
-        raise ValueError("shape_buckets must be a list of {input name: shape} dicts, e.g. "
-                         f"[{{{specs[0].name if specs else 'x'!r}: (1, 3, 224, 224)}}], given {buckets!r}")
+        raise OptionError("shape_buckets must be a list of {input name: shape} dicts, e.g. "
+                          f"[{{{specs[0].name if specs else 'x'!r}: (1, 3, 224, 224)}}], given {buckets!r}")
     names = [spec.name for spec in specs]
     result = []
     seen: set[tuple[tuple[int, ...], ...]] = set()
     for index, bucket in enumerate(buckets):
         if not isinstance(bucket, Mapping):
-            raise ValueError(f"shape_buckets[{index}] must be a dict of input name -> shape, given {bucket!r}")
+            raise OptionError(f"shape_buckets[{index}] must be a dict of input name -> shape, given {bucket!r}")
         unknown = [name for name in bucket if name not in names]
         if unknown:
-            raise ValueError(f"shape_buckets[{index}] names {unknown[0]!r}, which is not an input of the model; "
-                             f"its inputs: {', '.join(_takes(s) for s in specs)}")
+            raise OptionError(f"shape_buckets[{index}] names {unknown[0]!r}, which is not an input of the model; "
+                              f"its inputs: {', '.join(_takes(s) for s in specs)}")
         values: dict[tvm.tirx.Var, int] = {}
         shapes: dict[str, list[int]] = {}
         for param, spec in zip(params, specs):
             dims = list(param.ty.shape.values) if isinstance(param.ty.shape, relax.ShapeExpr) else None
             if spec.name not in bucket:
                 if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
-                    raise ValueError(f"shape_buckets[{index}] leaves out input {_takes(spec)}, which has dynamic "
-                                     "dims: give its shape in every bucket")
+                    raise OptionError(f"shape_buckets[{index}] leaves out input {_takes(spec)}, which has dynamic "
+                                      "dims: give its shape in every bucket")
                 continue
             shape = _bucket_shape(index, spec.name, bucket[spec.name])
             wrong = (f"shape_buckets[{index}] gives input {spec.name!r} the shape {shape}, which the model does not "
                      f"take: {_takes(spec)}")
             if dims is None or len(dims) != len(shape):
-                raise ValueError(wrong)
+                raise OptionError(wrong)
             for dim, size in zip(dims, shape):
                 if isinstance(dim, tvm.tirx.Var):
                     if values.setdefault(dim, size) != size:
-                        raise ValueError(f"{wrong}; its dim {dim.name!r} is {values[dim]} in another input of "
-                                         "the bucket")
+                        raise OptionError(f"{wrong}; its dim {dim.name!r} is {values[dim]} in another input of "
+                                          "the bucket")
                 elif isinstance(dim, tvm.tirx.IntImm) and int(dim.value) != size:
-                    raise ValueError(wrong)
+                    raise OptionError(wrong)
             shapes[spec.name] = list(shape)
         for param, spec in zip(params, specs):  # dims that are expressions of the variables (2 * n)
             if spec.name not in shapes:
@@ -115,16 +116,16 @@ def bucket_bindings(params: Sequence[relax.Var], specs: Sequence[TensorSpec], bu
                     continue
                 bound = Analyzer().simplify(substitute(dim, list(typed_values(values).items())))
                 if not isinstance(bound, tvm.tirx.IntImm) or int(bound.value) != size:
-                    raise ValueError(f"shape_buckets[{index}] gives input {spec.name!r} the shape "
-                                     f"{tuple(shapes[spec.name])}, which the model does not take: {_takes(spec)} "
-                                     f"(its dim {dim} is {bound} there)")
+                    raise OptionError(f"shape_buckets[{index}] gives input {spec.name!r} the shape "
+                                      f"{tuple(shapes[spec.name])}, which the model does not take: {_takes(spec)} "
+                                      f"(its dim {dim} is {bound} there)")
         if not values:
             warnings.warn(f"shape_buckets[{index}] fixes no dynamic dim (the model is static there); it is dropped",
                           UserWarning, stacklevel=4)
             continue
         key = tuple(tuple(shapes.get(name, ())) for name in names)
         if key in seen:
-            raise ValueError(f"shape_buckets[{index}] repeats an earlier bucket: {dict(bucket)}")
+            raise OptionError(f"shape_buckets[{index}] repeats an earlier bucket: {dict(bucket)}")
         seen.add(key)
         result.append((values, shapes))
     return result

@@ -8,7 +8,7 @@ import logging
 import os
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,11 +37,22 @@ logger = logging.getLogger("forge.compile")
 Progress = Callable[[str], None]
 
 
-def exporter_formats(options: CompileOptions) -> list[str]:
-    """The exporters a compilation runs, in order (the metadata file last: it hashes the library)."""
+FORGE_FORMATS = ("library", "ir-text", "metadata")
+"""The formats of Forge's own exporters; ``compile()``'s options choose among them."""
+
+
+def exporter_formats(options: CompileOptions, registered: Iterable[str] = ()) -> list[str]:
+    """The exporters a compilation runs, in order.
+
+    The library; ``ir-text`` and ``metadata`` when asked (``export_relay``,
+    ``export_metadata``); then every other registered format (a third-party
+    exporter writes into every artifact, beside Forge's files), by name; the
+    metadata file last: it hashes the library.
+    """
     formats = ["library"]
     if options.export_relay:
         formats.append("ir-text")
+    formats += sorted(fmt for fmt in registered if fmt not in FORGE_FORMATS)
     if options.export_metadata:
         formats.append("metadata")
     return formats
@@ -144,7 +155,7 @@ def compile_module(
     check_output_path(options.output_path, options.force_overwrite)
     toolchain = toolchain_for(tvm_target)
     manager = get_plugin_manager()
-    exporters = [manager.exporter(fmt) for fmt in exporter_formats(options)]
+    exporters = [manager.exporter(fmt) for fmt in exporter_formats(options, manager.exporters())]
     database = Path(ir.tuning_database) if ir.tuning_database is not None else None
     if database is not None:
         from forge_core.tuning.database import open_database

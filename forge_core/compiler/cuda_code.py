@@ -40,7 +40,7 @@ from typing import Any
 import tvm
 import tvm_ffi
 
-from forge_core.errors import CompilationError
+from forge_core.errors import CompilationError, MalformedDataError
 from forge_core.files import cache_dir, write_file
 
 logger = logging.getLogger("forge.compile")
@@ -209,14 +209,14 @@ class _Reader:
 
     def u64(self) -> int:
         if self.at + 8 > len(self.data):
-            raise ValueError(f"the serialized modules end at byte {len(self.data)}, inside a length")
+            raise MalformedDataError(f"the serialized modules end at byte {len(self.data)}, inside a length")
         (value,) = _U64.unpack_from(self.data, self.at)
         self.at += 8
         return value
 
     def take(self, count: int) -> bytes:
         if self.at + count > len(self.data):
-            raise ValueError(f"a field of {count} bytes at byte {self.at} runs past the end ({len(self.data)})")
+            raise MalformedDataError(f"a field of {count} bytes at byte {self.at} runs past the end ({len(self.data)})")
         chunk = self.data[self.at:self.at + count]
         self.at += count
         return chunk
@@ -236,7 +236,7 @@ def _modules(blob: bytes) -> tuple[bytes, list[tuple[bytes, bytes | None]]]:
     reader = _Reader(blob)
     total = reader.u64()
     if total != len(blob) - 8:
-        raise ValueError(f"the serialized modules say {total} bytes and are {len(blob) - 8}")
+        raise MalformedDataError(f"the serialized modules say {total} bytes and are {len(blob) - 8}")
     start = reader.at
     rows = [reader.u64() for _ in range(reader.u64())]
     for _ in range(reader.u64()):
@@ -247,7 +247,7 @@ def _modules(blob: bytes) -> tuple[bytes, list[tuple[bytes, bytes | None]]]:
         kind = reader.string()
         modules.append((kind, None if kind == b"_lib" else reader.string()))
     if reader.at != len(blob):
-        raise ValueError(f"{len(blob) - reader.at} bytes follow the last serialized module")
+        raise MalformedDataError(f"{len(blob) - reader.at} bytes follow the last serialized module")
     return tree, modules
 
 
@@ -281,7 +281,7 @@ def _split_code(rest: bytes, is_code: Callable[[bytes], bool]) -> tuple[bytes, b
         (length,) = _U64.unpack_from(rest, at)
         if at + 8 + length == len(rest) and is_code(rest[at + 8:]):
             return rest[:at], rest[at + 8:]
-    raise ValueError("a CUDA module's code was not found after its function table")
+    raise MalformedDataError("a CUDA module's code was not found after its function table")
 
 
 def cuda_modules(blob: bytes) -> list[tuple[str, bytes]]:
@@ -299,7 +299,7 @@ def cuda_modules(blob: bytes) -> list[tuple[str, bytes]]:
 def elf_symbol(library: bytes, name: str) -> bytes:
     """The bytes of data symbol ``name`` in a 64-bit little-endian ELF shared object (x86_64, aarch64)."""
     if library[:4] != b"\x7fELF" or library[4] != 2 or library[5] != 1:
-        raise ValueError("not a 64-bit little-endian ELF file")
+        raise MalformedDataError("not a 64-bit little-endian ELF file")
     (shoff,) = struct.unpack_from("<Q", library, 0x28)
     shentsize, shnum = struct.unpack_from("<HH", library, 0x3A)
     sections = [struct.unpack_from("<IIQQQQIIQQ", library, shoff + i * shentsize) for i in range(shnum)]
@@ -316,7 +316,7 @@ def elf_symbol(library: bytes, name: str) -> bytes:
             home = sections[shndx]
             file_at = home[4] + value - home[3]
             return library[file_at:file_at + st_size]
-    raise ValueError(f"no symbol {name} in the library")
+    raise MalformedDataError(f"no symbol {name} in the library")
 
 
 def library_blob(library: bytes) -> bytes:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from forge_core.errors import FileAccessError
+from forge_core.errors import ExportProcessError, FileAccessError
 
 FORK_ENV = "FORGE_EXPORT_IN_PROCESS"
 """Set to 1 to export in this process (no fork): for debuggers."""
@@ -117,7 +117,7 @@ def _exit_at_once_on_exit() -> None:
     # library's, bound to that library's unloading. A null DSO handle: run at exit() only.
     _EXIT_HANDLER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(end)
     if libc.__cxa_atexit(_EXIT_HANDLER, None, None) != 0:
-        raise OSError("atexit() refused a handler in the export's child process")
+        raise ExportProcessError("atexit() refused a handler in the export's child process")
 
 
 def _in_a_fresh_thread(function: Callable[[], None]) -> None:
@@ -170,7 +170,8 @@ def run_forked(function: Callable[[], None], output: Path) -> None:
 
     When the child dies without a Python exception (LLVM's ``exit(1)``, a
     signal), the error is a :class:`FileAccessError` naming ``output`` when
-    its last words name a write error, else a ``RuntimeError`` quoting them.
+    its last words name a write error, else an :class:`ExportProcessError` (a
+    ``RuntimeError``) quoting them.
     Temporary files of the child (TVM's object files) go to a private
     directory that is removed before this returns.
     """
@@ -244,4 +245,4 @@ def _fork_and_wait(function: Callable[[], None], output: Path, scratch: Path) ->
         raise FileAccessError(named, os.strerror(named), str(output))
     how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
     detail = stderr.splitlines()[-1] if stderr else "no message"
-    raise RuntimeError(f"the export of {str(output)!r} {how}: {detail}")
+    raise ExportProcessError(f"the export of {str(output)!r} {how}: {detail}")

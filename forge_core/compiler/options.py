@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from forge_core.settings import COMPILE_DEFAULTS as _C
+from forge_core.errors import OptionError
 
 CHANNEL_LAYOUTS = {"first": ("NCHW", "OIHW"), "last": ("NHWC", "OHWI")}
 
@@ -62,9 +63,9 @@ class CompileOptions:
 
             password = check_password(encrypt_password)
         if isinstance(opt_level, bool) or not isinstance(opt_level, int) or opt_level not in OPT_LEVELS:
-            raise ValueError(f"opt_level must be an integer from 0 to 4, given {opt_level!r}")
+            raise OptionError(f"opt_level must be an integer from 0 to 4, given {opt_level!r}")
         if set_channel_layout not in (None, *CHANNEL_LAYOUTS):
-            raise ValueError(f"set_channel_layout must be 'first', 'last' or None, given {set_channel_layout!r}")
+            raise OptionError(f"set_channel_layout must be 'first', 'last' or None, given {set_channel_layout!r}")
         if output_path is None:
             output_path = _C.output_path or "./compile_output"
         if uuid is None:
@@ -73,13 +74,13 @@ class CompileOptions:
             try:
                 uuid_text = str(uuid_lib.UUID(str(uuid)))
             except ValueError:
-                raise ValueError(
+                raise OptionError(
                     f"uuid must be a UUID such as '123e4567-e89b-12d3-a456-426614174000', given {uuid!r}"
                 ) from None
         for name, value in (("set_float16", set_float16), ("export_relay", export_relay),
                             ("export_metadata", export_metadata), ("force_overwrite", force_overwrite)):
             if not isinstance(value, bool):
-                raise ValueError(f"{name} must be True or False, given {value!r}")
+                raise OptionError(f"{name} must be True or False, given {value!r}")
         return cls(
             output_path=Path(output_path),
             opt_level=opt_level,

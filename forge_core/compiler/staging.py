@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from forge_core.errors import OptionError
 from forge_core.files import StagedDirectory, check_creatable
 
 
@@ -23,9 +24,9 @@ def check_output_path(path: Path, force_overwrite: bool) -> None:
     file system, a file where a directory should be).
     """
     if path.exists() and not path.is_dir():
-        raise ValueError(f"output_path {str(path)!r} exists and is not a directory")
+        raise OptionError(f"output_path {str(path)!r} exists and is not a directory")
     if path.is_dir() and any(path.iterdir()) and not force_overwrite:
-        raise ValueError(
+        raise OptionError(
             f"output_path {str(path)!r} exists and is not empty; pass force_overwrite=True to replace it"
         )
     check_creatable(path)  # the artifact is renamed into place in the parent directory

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 from forge_core.deploy import wheels
-from forge_core.errors import ForgeError
+from forge_core.errors import ForgeError, OptionError
 
 # The compiler's Python (Relax, schedules, operator library) and sources: a runtime never imports them.
 _TVM_SKIPPED = {"3rdparty", "src", "include", "web", "cmake", "testing", "relax", "s_tir", "topi", "contrib",
@@ -120,9 +120,9 @@ def bundle(artifact: str | Path, platform: str = "linux-aarch64", output_path: s
     from forge_core.runtime import metadata as schema
 
     if platform not in wheels.PLATFORMS:
-        raise ValueError(f"platform must be one of {', '.join(wheels.PLATFORMS)}, given {platform!r}")
+        raise OptionError(f"platform must be one of {', '.join(wheels.PLATFORMS)}, given {platform!r}")
     if python not in wheels.PYTHONS:
-        raise ValueError(f"python must be one of {', '.join(wheels.PYTHONS)}, given {python!r}")
+        raise OptionError(f"python must be one of {', '.join(wheels.PYTHONS)}, given {python!r}")
     library_path = schema.library_path(artifact)
     document, encrypted = schema.read_artifact(library_path)
     directory = library_path.parent

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import tvm
 
+from forge_core.errors import GraphLookupError, OptionError, OptionTypeError
 from forge_core.graph import edit
 from forge_core.graph.index import GraphIndex, NodeRecord, build_index
 from forge_core.graph.node import Node
@@ -45,11 +46,11 @@ class Graph:
 
     @property
     def _index(self) -> GraphIndex:
-        version = self._owner._version
+        version = self._owner.version
         if self._cache is None or self._cache[0] != version:
             mod = self._owner.mod
             if self._name not in [gv.name_hint for gv in mod.functions]:
-                raise KeyError(f"The module no longer has a graph named {self._name!r}")
+                raise GraphLookupError(f"The module no longer has a graph named {self._name!r}")
             params = self._owner.params if self._name == "main" else {}
             self._cache = (version, build_index(self._name, mod[self._name], params))
         return self._cache[1]
@@ -57,7 +58,7 @@ class Graph:
     def _record(self, name: str) -> NodeRecord:
         records = self._index.records
         if name not in records:
-            raise KeyError(self._missing(name))
+            raise GraphLookupError(self._missing(name))
         return records[name]
 
     def _missing(self, name: str) -> str:
@@ -213,15 +214,15 @@ class Graph:
         from forge_core.ir.module import IRModule
 
         mod, params = self._function_module()
-        return IRModule._from_parts(mod, params, self._owner._state).get_inference_function(target)
+        return IRModule.from_parts(mod, params, state=self._owner._state).get_inference_function(target)
 
     # -- edits (through the owning module) ---------------------------------------------
 
     def _constant_value(self, name: str) -> np.ndarray:
         record = self._record(name)
         if record.type != "constant":
-            raise TypeError(f"Node {name!r} is {'an' if record.type == 'input' else 'a'} {record.type}, "
-                            "not a constant: only constants hold data")
+            raise OptionTypeError(f"Node {name!r} is {'an' if record.type == 'input' else 'a'} {record.type}, "
+                                  "not a constant: only constants hold data")
         if record.param is not None:
             return self._owner.params[record.param].numpy()
         return record.expr.value.numpy()
@@ -230,10 +231,10 @@ class Graph:
         current = self._constant_value(name)
         array = np.asarray(value.numpy() if hasattr(value, "numpy") and not isinstance(value, np.ndarray) else value)
         if array.shape != current.shape:
-            raise ValueError(f"Node {name!r} holds shape {current.shape}; the new value has shape {array.shape}")
+            raise OptionError(f"Node {name!r} holds shape {current.shape}; the new value has shape {array.shape}")
         if array.dtype != current.dtype:
-            raise ValueError(f"Node {name!r} holds dtype {current.dtype}; the new value has dtype {array.dtype} "
-                             f"(convert it with .astype('{current.dtype}'))")
+            raise OptionError(f"Node {name!r} holds dtype {current.dtype}; the new value has dtype {array.dtype} "
+                              f"(convert it with .astype('{current.dtype}'))")
         record = self._record(name)
         if record.param is not None:
             params = dict(self._owner.params)
@@ -246,22 +247,22 @@ class Graph:
     def _rename(self, old: str, new: str) -> None:
         record = self._record(old)
         if not isinstance(new, str) or not new:
-            raise ValueError(f"A node name must be a non-empty string, given {new!r}")
+            raise OptionError(f"A node name must be a non-empty string, given {new!r}")
         if new == old:
             return
         if new in self._index.records:
-            raise ValueError(f"Graph {self._name!r} already has a node named {new!r}")
+            raise OptionError(f"Graph {self._name!r} already has a node named {new!r}")
         mod = self._owner.mod
         if record.type == "output":
-            raise ValueError(f"Node {old!r} is the output of graph {self._name!r} and is named after it")
+            raise OptionError(f"Node {old!r} is the output of graph {self._name!r} and is named after it")
         if record.type == "input" or record.param is not None:
             params = None if record.param is None else \
                 {new if k == record.param else k: v for k, v in self._owner.params.items()}
             self._owner._commit(mod=edit.rename_parameter(mod, self._name, record.expr.name, new), params=params)
         elif record.type == "constant" and isinstance(record.expr, tvm.ir.GenericConst):
             if self._name != "main":
-                raise ValueError(f"Constant {old!r} of subgraph {self._name!r} has no name to change: "
-                                 "only main's weights can be named (in params)")
+                raise OptionError(f"Constant {old!r} of subgraph {self._name!r} has no name to change: "
+                                  "only main's weights can be named (in params)")
             params = dict(self._owner.params)
             params[new] = record.expr.value
             self._owner._commit(mod=edit.lift_constant(mod, self._name, record.expr, new), params=params)

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import tvm
 from tvm import relax
 
+from forge_core.errors import OptionTypeError
 from forge_core.runtime.signature import DYNAMIC_DIM, TensorSpec
 
 _OP_PREFIX = "relax."
@@ -60,7 +61,7 @@ def static_shape(expr: relax.Expr) -> list[int] | None:
 def tensor_spec(name: str, ty: relax.Type) -> TensorSpec:
     """A :class:`TensorSpec` from a Relax tensor type (dynamic dims become -1)."""
     if not isinstance(ty, relax.TensorType):
-        raise TypeError(f"{name!r} is not a tensor: its type is {ty}")
+        raise OptionTypeError(f"{name!r} is not a tensor: its type is {ty}")
     shape = ty.shape
     names: tuple[int | str, ...] | None = None
     if isinstance(shape, relax.ShapeExpr):

@@ -6,12 +6,14 @@ import os
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import tvm
 from tvm import relax
 
+from forge_core.errors import ModelImportError, ModelStateError, OptionError, OptionTypeError
 from forge_core.ir import identity, introspection, weights
 from forge_core.ir.naming import OUTPUT_NAMES_ATTR
 from forge_core.passes import PassContext, run_passes
@@ -45,13 +47,13 @@ def _as_relax_module(mod: Any) -> tvm.IRModule:
     if isinstance(mod, relax.Function):
         return tvm.IRModule({"main": mod})
     if not isinstance(mod, tvm.IRModule):
-        raise TypeError(
+        raise OptionTypeError(
             f"IRModule expects a TVM Relax IRModule or relax.Function, not {type(mod).__name__}. "
             "Load models with forge.from_onnx() and the other loaders."
         )
     names = [gv.name_hint for gv in mod.functions]
     if "main" not in names or not isinstance(mod["main"], relax.Function):
-        raise ValueError(f"The IRModule has no Relax function 'main' (functions: {', '.join(sorted(names)) or 'none'})")
+        raise ModelImportError(f"The IRModule has no Relax function 'main' (functions: {', '.join(sorted(names)) or 'none'})")
     return mod
 
 
@@ -59,10 +61,24 @@ def _check_params(mod: tvm.IRModule, params: Mapping[str, Any]) -> None:
     param_names = {v.name for v in mod["main"].params}
     unknown = sorted(set(params) - param_names)
     if unknown:
-        raise ValueError(
+        raise OptionError(
             f"params holds names that are not parameters of main: {', '.join(map(repr, unknown))}. "
             f"main's parameters: {', '.join(sorted(param_names))}"
         )
+
+
+@dataclass(frozen=True)
+class _Undo:
+    """The module before a reversible transform, and the fingerprint right after it."""
+
+    pass_name: str
+    mod: tvm.IRModule
+    params: dict[str, weights.Tensor]
+    fingerprint_after: str
+
+    def copy(self) -> _Undo:
+        return _Undo(self.pass_name, weights.deep_copy_module(self.mod),
+                     {name: weights.copy_tensor(t) for name, t in self.params.items()}, self.fingerprint_after)
 
 
 class IRModule(SignatureSurface):
@@ -120,7 +136,7 @@ class IRModule(SignatureSurface):
         self._state = ModuleState()
         self._calibration: CalibrationData | None = None
         self._quantization: QuantizationInfo | None = None
-        self._partition_undo: tuple[tvm.IRModule, dict[str, weights.Tensor], str] | None = None
+        self._undo: _Undo | None = None
         self.tuning_database = tuning_database
 
     def _commit(
@@ -131,12 +147,16 @@ class IRModule(SignatureSurface):
         state: ModuleState | None = None,
         calibration: CalibrationData | None | object = _KEEP,
         quantization: QuantizationInfo | None | object = _KEEP,
+        undo: _Undo | None | object = _KEEP,
     ) -> None:
         """The one place where the module's IR, weights, state flags and calibration data change.
 
         Every transform (graph edits, batch size, tensor splitting, calibration,
         quantization) goes through here: the parts are checked against each
-        other, and graphs and nodes see the change (``_version``).
+        other, and graphs and nodes see the change (:attr:`version`). ``undo``
+        records the module before a reversible transform (the deprecated
+        ``partition_for_tensorrt``), which ``inline_partitions`` restores while
+        the module is unchanged since.
         """
         new_mod = self._mod if mod is None else _as_relax_module(mod)
         new_params = self._params if params is None else params
@@ -148,6 +168,8 @@ class IRModule(SignatureSurface):
             new_state = replace(new_state, is_calibrated=self._calibration is not None)
         if quantization is not _KEEP:
             self._quantization = quantization  # type: ignore[assignment]
+        if undo is not _KEEP:
+            self._undo = undo  # type: ignore[assignment]
         self._mod, self._params, self._state = new_mod, new_params, new_state
         self._version += 1
 
@@ -160,18 +182,35 @@ class IRModule(SignatureSurface):
         """
         unknown = set(flags) - set(vars(self._state))
         if unknown:
-            raise TypeError(f"Unknown state flags: {', '.join(sorted(unknown))}")
-        return IRModule._from_parts(self._mod, self._params, replace(self._state, **flags), self.tuning_database,
-                                    self._calibration, self._quantization)
+            raise OptionTypeError(f"Unknown state flags: {', '.join(sorted(unknown))}")
+        return IRModule.from_parts(self._mod, self._params, state=replace(self._state, **flags),
+                                   tuning_database=self.tuning_database, calibration=self._calibration,
+                                   quantization=self._quantization)
 
     @classmethod
-    def _from_parts(cls, mod: tvm.IRModule, params: dict[str, weights.Tensor], state: ModuleState,
-                    tuning_database: os.PathLike[str] | str | None = None,
-                    calibration: CalibrationData | None = None,
-                    quantization: QuantizationInfo | None = None) -> IRModule:
+    def from_parts(cls, mod: tvm.IRModule, params: Mapping[str, weights.Tensor] | None = None, *,
+                   state: ModuleState | None = None,
+                   tuning_database: os.PathLike[str] | str | None = None,
+                   calibration: CalibrationData | None = None,
+                   quantization: QuantizationInfo | None = None) -> IRModule:
+        """An IRModule of these parts as they are: no import passes run (unlike the constructor).
+
+        For frontends and Forge's own modules that build a module from another
+        one's IR and weights (the graph API's sub-graph functions, calibration's
+        instrumented model). The parts are checked against each other.
+
+        Args:
+            mod: A TVM Relax ``IRModule`` with a ``main`` function.
+            params: The weights of ``main``'s parameters that are not inputs.
+            state: The state flags (``ModuleState``); defaults to none set.
+            tuning_database: As the ``tuning_database`` attribute.
+            calibration: Calibration statistics of this IR, if any.
+            quantization: How the module was quantized, if it was.
+        """
         obj = cls.__new__(cls)
         obj._start(tuning_database)
-        obj._commit(mod=mod, params=params, state=state, calibration=calibration, quantization=quantization)
+        obj._commit(mod=mod, params=dict(params or {}), state=state or ModuleState(), calibration=calibration,
+                    quantization=quantization)
         return obj
 
     # ------------------------------------------------------------------
@@ -195,9 +234,19 @@ class IRModule(SignatureSurface):
         return relax.transform.Normalize()(self._mod)
 
     @property
-    def params(self) -> dict[str, weights.Tensor]:
-        """The weights of the module that are not "frozen" into the graph."""
-        return self._params
+    def params(self) -> Mapping[str, weights.Tensor]:
+        """The weights of the module that are not "frozen" into the graph (read-only).
+
+        A read-only view: ``ir.params[name] = ...`` raises ``TypeError``.
+        Change weights through the graph API (``node.set_value(...)``), which
+        keeps the module consistent.
+        """
+        return MappingProxyType(self._params)
+
+    @property
+    def version(self) -> int:
+        """A counter that grows with every change of the module (IR, weights, state, calibration)."""
+        return self._version
 
     @property
     def _main(self) -> relax.Function:
@@ -337,12 +386,11 @@ class IRModule(SignatureSurface):
         """
         params = {name: weights.copy_tensor(t) for name, t in self._params.items()}
         calibration = self._calibration.copy() if self._calibration is not None else None
-        duplicate = IRModule._from_parts(weights.deep_copy_module(self._mod), params, self._state,
-                                         self.tuning_database, calibration, self._quantization)
-        if self._partition_undo is not None:
-            mod, undo_params, partitioned = self._partition_undo
-            duplicate._partition_undo = (weights.deep_copy_module(mod),
-                                         {name: weights.copy_tensor(t) for name, t in undo_params.items()}, partitioned)
+        duplicate = IRModule.from_parts(weights.deep_copy_module(self._mod), params, state=self._state,
+                                        tuning_database=self.tuning_database, calibration=calibration,
+                                        quantization=self._quantization)
+        if self._undo is not None:
+            duplicate._commit(undo=self._undo.copy())
         return duplicate
 
     def __copy__(self) -> IRModule:
@@ -410,17 +458,23 @@ class IRModule(SignatureSurface):
             ValueError: The pass would discard calibration data and ``force`` is False,
                 or the pass rejects the module or its options.
         """
+        self._run_pass(name, options, force=force)
+
+    def _run_pass(self, name: str, options: Mapping[str, Any], *, force: bool = False, extra: str | None = None,
+                  undo: _Undo | None = None) -> None:
+        """``apply_pass``'s work; ``extra`` names the plugin's install extra, ``undo`` is committed with the result."""
         from forge_core.plugin_manager import get_plugin_manager
 
-        spec = get_plugin_manager().get_pass(name)
+        spec = get_plugin_manager().get_pass(name, extra=extra)
         if spec.discards_calibration and self._calibration is not None and not force:
-            raise ValueError(
+            raise ModelStateError(
                 f"{name} changes the nodes that this module's calibration data describes; "
                 f"pass force=True to discard the calibration data, or run {name} before calibrating"
             )
-        mod = run_passes(self._mod, [name], PassContext(options=options, params=self._params))
+        mod = run_passes(self._mod, [name], PassContext(options=dict(options), params=self._params))
         state = replace(self._state, **spec.sets_flags) if spec.sets_flags else None
-        self._commit(mod=mod, state=state, **({"calibration": None} if spec.discards_calibration else {}))
+        self._commit(mod=mod, state=state, undo=undo,
+                     **({"calibration": None} if spec.discards_calibration else {}))
 
     def set_batch_size(self, batch_size: int) -> None:
         """Sets the IRModule's batch-size
@@ -581,7 +635,7 @@ class IRModule(SignatureSurface):
         from forge_core.quantization.quantize import quantize
 
         if self._state.is_quantized:
-            raise ValueError("the module is already quantized; quantize a copy() taken before quantizing")
+            raise ModelStateError("the module is already quantized; quantize a copy() taken before quantizing")
         reference = self.copy()
         mod, params, info = quantize(
             self, self._calibration, activation_dtype=activation_dtype, kernel_dtype=kernel_dtype,
@@ -611,7 +665,7 @@ class IRModule(SignatureSurface):
         from forge_core.quantization.report import quantization_report
 
         if self._quantization is None or self._quantization.reference is None:
-            raise ValueError("quantization_report() needs a module quantized by quantize()")
+            raise ModelStateError("quantization_report() needs a module quantized by quantize()")
         return quantization_report(self, self._quantization, calib_data, use_cuda=use_cuda)
 
     # ------------------------------------------------------------------
@@ -878,20 +932,11 @@ class IRModule(SignatureSurface):
             DeprecationWarning,
             stacklevel=2,
         )
-        from forge_core.plugin_manager import get_plugin_manager
-
-        get_plugin_manager().get_pass("partition_for_tensorrt", extra="tensorrt")
-        if self._state.is_tensorrt:
-            raise ValueError("The module is partitioned for TensorRT already; call inline_partitions() first")
         flags = {"remove_stacks": remove_stacks, "simplify_batch_matmul": simplify_batch_matmul,
                  "simplify_scalar_add": simplify_scalar_add, "remove_no_mac_subgraphs": remove_no_mac_subgraphs}
-        for name, value in flags.items():
-            if not isinstance(value, bool):
-                raise ValueError(f"{name} must be True or False, given {value!r}")
-        before, before_params = self._mod, dict(self._params)
-        partitioned = run_passes(self._mod, ["partition_for_tensorrt"], PassContext(options=flags, params=self._params))
-        self._commit(mod=partitioned, state=replace(self._state, is_tensorrt=True))
-        self._partition_undo = (before, before_params, self.fingerprint)
+        before = _Undo("partition_for_tensorrt", self._mod, dict(self._params), "")
+        self._run_pass("partition_for_tensorrt", flags, extra="tensorrt")
+        self._commit(undo=replace(before, fingerprint_after=self.fingerprint))
 
     def inline_partitions(self) -> None:
         """DEPRECATED: use ``forge.ONNXModule`` for TensorRT optimization.
@@ -909,11 +954,17 @@ class IRModule(SignatureSurface):
             DeprecationWarning,
             stacklevel=2,
         )
-        undo, self._partition_undo = self._partition_undo, None
-        if undo is not None and undo[2] == self.fingerprint:
-            self._commit(mod=undo[0], params=undo[1], state=replace(self._state, is_tensorrt=False))
+        from forge_core.plugin_manager import get_plugin_manager
+
+        undo = self._undo
+        if undo is not None and undo.pass_name == "partition_for_tensorrt" and undo.fingerprint_after == self.fingerprint:
+            self._commit(mod=undo.mod, params=undo.params, state=replace(self._state, is_tensorrt=False), undo=None)
             return
-        self._commit(mod=run_passes(self._mod, ["inline_partitions"]), state=replace(self._state, is_tensorrt=False))
+        if "inline_tensorrt_partitions" in get_plugin_manager().passes():
+            self._run_pass("inline_tensorrt_partitions", {}, undo=None)
+        else:  # partitions made elsewhere, without the forge-tensorrt plugin: Forge's own inlining
+            self._commit(mod=run_passes(self._mod, ["inline_partitions"]),
+                         state=replace(self._state, is_tensorrt=False), undo=None)
 
     # ------------------------------------------------------------------
     # Display

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 import tvm
 from tvm import relax
 
+from forge_core.errors import OptionError
+
 OUTPUT_NAMES_ATTR = "forge.output_names"
 """Attribute of ``main`` holding the model's output names, when the source model had them."""
 
@@ -15,7 +17,7 @@ def rename_inputs(mod: tvm.IRModule, names: Sequence[str]) -> tvm.IRModule:
     """``mod`` with ``main``'s first ``len(names)`` parameters renamed to ``names``."""
     func = mod["main"]
     if len(names) > len(func.params):
-        raise ValueError(f"{len(names)} input names given for a function of {len(func.params)} parameters")
+        raise OptionError(f"{len(names)} input names given for a function of {len(func.params)} parameters")
     mapping: dict[relax.Var, relax.Var] = {}
     params = []
     for index, var in enumerate(func.params):

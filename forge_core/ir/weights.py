@@ -10,6 +10,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from forge_core.errors import OptionTypeError
 from forge_core.ir.introspection import relax_functions
 
 Tensor = tvm.runtime.Tensor
@@ -25,7 +26,7 @@ def to_tensor(name: str, value: Any) -> Tensor:
         value = value.numpy()
     array = np.asarray(value)
     if array.dtype == object:
-        raise TypeError(f"Parameter {name!r} is not a numeric array (got {type(value).__name__})")
+        raise OptionTypeError(f"Parameter {name!r} is not a numeric array (got {type(value).__name__})")
     return tvm.runtime.tensor(np.ascontiguousarray(array))
 
 
@@ -37,7 +38,7 @@ def normalize_params(params: Mapping[str, Any] | None) -> dict[str, Tensor]:
     if params is None:
         return {}
     if not isinstance(params, Mapping):
-        raise TypeError(f"params must be a dict of name to array, not {type(params).__name__}")
+        raise OptionTypeError(f"params must be a dict of name to array, not {type(params).__name__}")
     return {str(k): to_tensor(str(k), v) for k, v in params.items()}
 
 
@@ -148,8 +149,8 @@ def _with_num_input(mod: tvm.IRModule) -> tvm.IRModule:
 def format_bytes(n: int) -> str:
     """``576`` -> ``"576 B"``, ``2411724`` -> ``"2.3 MiB"``."""
     size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024:
             return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
-    raise AssertionError("unreachable")
+    return f"{size:.1f} TiB"

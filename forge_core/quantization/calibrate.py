@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from forge_core.errors import OptionError
 from forge_core.quantization.calibration_data import CalibrationData, TensorStatistics, WeightStatistics
 from forge_core.quantization.observe import logger, pick_target, sample_arrays, stream
 from forge_core.quantization.plan import build_plan
@@ -25,7 +26,7 @@ def calibrate(ir: IRModule, calib_data: Iterable[Any], *, previous: CalibrationD
             input, the expected and given shape or dtype).
     """
     if isinstance(calib_data, np.ndarray) or not isinstance(calib_data, Iterable):
-        raise ValueError(
+        raise OptionError(
             f"calib_data must be an iterable of samples (a list of arrays, a generator...); given "
             f"{type(calib_data).__name__}" + (" — wrap a single array in a list: [array]"
                                              if isinstance(calib_data, np.ndarray) else ""))
@@ -47,7 +48,7 @@ def calibrate(ir: IRModule, calib_data: Iterable[Any], *, previous: CalibrationD
     else:  # nothing to quantize: the samples are still checked
         count = sum(1 for i, sample in enumerate(calib_data) if sample_arrays(sample, ir.input_specs, i) is not None)
     if count == 0:
-        raise ValueError("calib_data held no samples")
+        raise OptionError("calib_data held no samples")
     data.num_samples += count
     logger.info("calibrated %d tensors over %d samples", len(names), count)
     return data

@@ -19,7 +19,7 @@ import tvm
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from tvm import relax
 
-from forge_core.errors import InputError
+from forge_core.errors import InputError, OptionError
 from forge_core.graph.index import build_index
 from forge_core.runtime.signature import TensorSpec, check_inputs
 
@@ -36,7 +36,7 @@ def watching(mod: tvm.IRModule, params: Mapping[str, Any], names: Sequence[str])
     index = build_index("main", func, params)  # same names as the original's: same bindings, same order
     missing = [name for name in names if name not in index.records]
     if missing:
-        raise ValueError(f"nodes not found in main: {', '.join(missing)}")
+        raise OptionError(f"nodes not found in main: {', '.join(missing)}")
     body = func.body
     result = body.body
     outputs = list(result.fields) if isinstance(result, relax.Tuple) else [result]
@@ -104,10 +104,10 @@ def progress(label: str, total: int | None, enabled: bool = True) -> Iterator[Ca
 def compile_watching(ir: IRModule, names: Sequence[str], target: str) -> tuple[Callable[..., Any], int]:
     """``ir`` compiled (Forge's pipeline, in memory) to also return ``names``; and its own output count."""
     from forge_core.compiler.compile import compile_to_function
-    from forge_core.ir.module import IRModule, ModuleState
+    from forge_core.ir.module import IRModule
 
     instrumented, skip = watching(ir.mod, ir.params, names)
-    return compile_to_function(IRModule._from_parts(instrumented, ir.params, ModuleState()), target), skip
+    return compile_to_function(IRModule.from_parts(instrumented, ir.params), target), skip
 
 
 def stream(ir: IRModule, names: Sequence[str], samples: Iterable[Any], on_sample: Callable[[int, list[np.ndarray]], None],

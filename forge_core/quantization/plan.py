@@ -27,6 +27,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from forge_core.errors import OptionError
 from forge_core.graph.index import GraphIndex, NodeRecord, build_index, tensor_shape
 
 CONV_OPS = ("nn.conv1d", "nn.conv2d", "nn.conv3d")
@@ -161,7 +162,7 @@ def build_plan(mod: tvm.IRModule, params: Mapping[str, Any], *, joins: bool = Tr
         hints = {name: difflib.get_close_matches(name, list(index.records), n=3) for name in unknown}
         detail = "; ".join(f"{name!r}" + (f" (did you mean {', '.join(map(repr, close))}?)" if close else "")
                            for name, close in hints.items())
-        raise ValueError(f"exclude names nodes that main does not have: {detail}")
+        raise OptionError(f"exclude names nodes that main does not have: {detail}")
     plan = QuantPlan(index)
     quantized_source: set[str] = set()  # nodes whose value comes from a quantized operator
     bias_adds: set[str] = set()

@@ -27,6 +27,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from forge_core.errors import ModelStateError, OptionError
 from forge_core.graph.index import _handle
 from forge_core.ir import weights
 from forge_core.quantization.calibration_data import CalibrationData
@@ -79,7 +80,7 @@ class QuantizationInfo:
 
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; given {value!r}")
+        raise OptionError(f"{name} must be one of {', '.join(map(repr, choices))}; given {value!r}")
     return value
 
 
@@ -98,8 +99,8 @@ def resolve_settings(activation_dtype: str, kernel_dtype: str | None, bias_dtype
     _check_choice("calib_method", calib_method, CALIB_METHODS)
     _check_choice("quant_type", quant_type, QUANT_TYPES)
     if quant_type == "static" and not calibrated:
-        raise ValueError("quant_type='static' needs calibration data: call calibrate(calib_data) first, "
-                         "or use quant_type='dynamic' (or 'any')")
+        raise ModelStateError("quant_type='static' needs calibration data: call calibrate(calib_data) first, "
+                              "or use quant_type='dynamic' (or 'any')")
     resolved = "static" if quant_type == "static" or (quant_type == "any" and calibrated) else "dynamic"
     return kernel, bias, resolved, calib_method
 
@@ -242,7 +243,7 @@ def quantize(ir: IRModule, calibration: CalibrationData | None, *, activation_dt
     kernel, bias, resolved, method = resolve_settings(activation_dtype, kernel_dtype, bias_dtype, calib_method,
                                                       quant_type, calibration is not None)
     if not isinstance(percentile, (int, float)) or not 0 < percentile <= 100:
-        raise ValueError(f"percentile must be in (0, 100]; given {percentile!r}")
+        raise OptionError(f"percentile must be in (0, 100]; given {percentile!r}")
     exclude = list(exclude) if not isinstance(exclude, str) else [exclude]
     static = resolved == "static"
     info = QuantizationInfo(activation_dtype, kernel, bias, bool(per_channel), method if static else None, resolved,
@@ -263,7 +264,7 @@ def quantize(ir: IRModule, calibration: CalibrationData | None, *, activation_dt
         for name in plan.activations:
             stats = calibration.statistics.get(name)
             if stats is None or not stats.minima:
-                raise ValueError(
+                raise ModelStateError(
                     f"node {name!r} is quantized but the calibration data has no statistics for it "
                     "(the graph changed after calibrating?): call calibrate(calib_data) again")
             low, high = activation_range(stats, method, percentile)

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from forge_core.errors import ModelStateError, OptionError
 from forge_core.quantization.calibration_data import TensorStatistics
 from forge_core.settings import ACTIVATION_DTYPES, CALIB_METHODS, QUANT_TYPES  # noqa: F401 (re-exported)
 
@@ -155,7 +156,7 @@ def activation_range(stats: TensorStatistics, method: str, percentile: float = 9
     TensorRT plugin's), which ``"mse"`` weighs its rounding error on.
     """
     if not stats.minima:
-        raise ValueError("no calibration samples were recorded for this node")
+        raise ModelStateError("no calibration samples were recorded for this node")
     if method == "minmax":
         low, high = min(stats.minima), max(stats.maxima)
     elif method == "average":
@@ -171,7 +172,7 @@ def activation_range(stats: TensorStatistics, method: str, percentile: float = 9
             threshold = _percentile_threshold(stats.histogram, stats.bin_edges, percentile)
         low, high = max(low, -threshold), min(high, threshold)
     else:
-        raise ValueError(f"calib_method must be one of {', '.join(map(repr, CALIB_METHODS))}; given {method!r}")
+        raise OptionError(f"calib_method must be one of {', '.join(map(repr, CALIB_METHODS))}; given {method!r}")
     return min(low, 0.0), max(high, 0.0)
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from forge_core.errors import OptionError
 from forge_core.quantization.observe import compile_watching, pick_target, progress, sample_arrays
 
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ def quantization_report(ir: IRModule, info: QuantizationInfo, calib_data: Iterab
             count += 1
             advance()
     if count == 0:
-        raise ValueError("calib_data held no samples")
+        raise OptionError("calib_data held no samples")
     report = QuantizationReport(num_samples=count)
     for name in layers:
         layer = info.layers[name]

@@ -19,7 +19,7 @@ import numpy as np
 import tvm
 from tvm.runtime.vm import VirtualMachine  # TVM's runtime library: no compiler needed
 
-from forge_core.errors import ForgeError, RemoteDeviceError
+from forge_core.errors import ForgeError, OptionError, PathNotFoundError, RemoteDeviceError
 from forge_core.remote.server import PROFILE_FUNCTION
 from forge_core.remote.tracker import DEFAULT_TIMEOUT, TrackerAddress, last_line, open_session
 from forge_core.runtime import metadata as schema
@@ -63,7 +63,7 @@ class RemoteRuntime(LoadedArtifact):
 
         path = schema.library_path(library_path)
         if not path.is_file():
-            raise FileNotFoundError(f"No compiled library at {str(path)!r}")
+            raise PathNotFoundError(f"No compiled library at {str(path)!r}")
         data = path.read_bytes()
         if is_encrypted(data):
             raise ForgeError(
@@ -136,7 +136,7 @@ class RemoteRuntime(LoadedArtifact):
         counted. Inputs as for :meth:`infer` (random ones when none are given).
         """
         if repeat < 1 or number < 1:
-            raise ValueError(f"repeat and number must be at least 1, given {repeat} and {number}")
+            raise OptionError(f"repeat and number must be at least 1, given {repeat} and {number}")
         with self._lock, _lost_session(self):
             entry = self._set_inputs(arrays or tuple(self.example_inputs()))
             timer = self._vm.time_evaluator("invoke_stateful", self._device, number=number, repeat=repeat)

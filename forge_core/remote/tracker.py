@@ -29,7 +29,7 @@ from typing import Any
 from tvm import rpc
 from tvm.rpc import base
 
-from forge_core.errors import InputError, RemoteDeviceError, TrackerUnreachableError
+from forge_core.errors import InputError, RemoteDeviceError, TrackerProtocolError, TrackerUnreachableError
 
 logger = logging.getLogger("forge.remote")
 
@@ -110,7 +110,7 @@ class TrackerClient(rpc.TrackerSession):
             raise
         if struct.unpack("<i", answer)[0] != base.RPC_TRACKER_MAGIC:
             sock.close()
-            raise RuntimeError("it answered, but not as a TVM RPC tracker")
+            raise TrackerProtocolError("it answered, but not as a TVM RPC tracker")
         self._sock = sock
 
     def summary(self) -> dict[str, Any]:

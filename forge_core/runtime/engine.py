@@ -17,7 +17,9 @@ import numpy as np
 import tvm
 from tvm.runtime.vm import VirtualMachine  # TVM's runtime library: no compiler needed
 
-from forge_core.errors import ArtifactCorruptedError, CorruptLibraryError, ForgeError, KeyIgnoredWarning
+from forge_core.errors import (
+    ArtifactCorruptedError, CorruptLibraryError, ForgeError, KeyIgnoredWarning, OptionError, PathNotFoundError,
+)
 from forge_core.runtime import metadata as schema
 from forge_core.runtime.devices import ensure_backend
 from forge_core.runtime.cpu_features import host_cpu_model, host_machine, missing_features
@@ -179,9 +181,9 @@ class Runtime(LoadedArtifact):
                  password: str | None = None) -> None:
         path = schema.library_path(library_path)
         if not path.is_file():
-            raise FileNotFoundError(f"No compiled library at {str(path)!r}")
+            raise PathNotFoundError(f"No compiled library at {str(path)!r}")
         if key_path is not None and not Path(key_path).is_file():
-            raise FileNotFoundError(f"No key file at {str(key_path)!r}")
+            raise PathNotFoundError(f"No key file at {str(key_path)!r}")
         file_bytes = path.read_bytes()
         from forge_core.security.encrypted_library import is_encrypted
 
@@ -315,7 +317,7 @@ class Runtime(LoadedArtifact):
     def warm_up(self, n: int = 10) -> None:
         """Run the model ``n`` times on random inputs, so later timings are steady."""
         if n < 0:
-            raise ValueError(f"warm_up needs a non-negative count, given {n}")
+            raise OptionError(f"warm_up needs a non-negative count, given {n}")
         inputs = self.example_inputs()
         for _ in range(n):
             self.infer(*inputs)

@@ -237,11 +237,12 @@ def read_artifact(path: str | Path) -> tuple[dict[str, Any], bool]:
     An encrypted library's document comes from its header, readable without
     the password and verified only when the library is decrypted.
     """
+    from forge_core.errors import PathNotFoundError
     from forge_core.security.encrypted_library import is_encrypted, read_library_header
 
     file = library_path(path)
     if not file.is_file():
-        raise FileNotFoundError(f"No compiled library at {str(file)!r}")
+        raise PathNotFoundError(f"No compiled library at {str(file)!r}")
     data = file.read_bytes()
     if is_encrypted(data):
         return read_library_header(data, repr(str(file))).metadata, True

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from forge_core.errors import InputError
+from forge_core.errors import InputError, UnsupportedFeatureError
 
 DYNAMIC_DIM = -1
 """How a dynamic (unknown until run time) dimension appears in shapes."""
@@ -39,11 +39,11 @@ class SignatureSurface:
 
     @property
     def input_specs(self) -> list[TensorSpec]:
-        raise NotImplementedError
+        raise UnsupportedFeatureError(f"{type(self).__name__} does not define input_specs(), which its base class leaves to it")
 
     @property
     def output_specs(self) -> list[TensorSpec]:
-        raise NotImplementedError
+        raise UnsupportedFeatureError(f"{type(self).__name__} does not define output_specs(), which its base class leaves to it")
 
     @property
     def input_count(self) -> int:

@@ -23,6 +23,8 @@ from tvm import s_tir, tirx
 from tvm.s_tir.analysis import get_sblock_read_write_region
 from tvm.sym import Analyzer
 
+from forge_core.errors import OptionError
+
 Expr = tvm.ir.expr.Expr
 BufferVar = tvm.ir.expr.Var
 
@@ -168,7 +170,7 @@ def replace_stages(func: tirx.PrimFunc, replaced: Sequence[str], stmts: Sequence
     positions = [names.index(n) for n in replaced]
     first, last = min(positions), max(positions)
     if sorted(positions) != list(range(first, last + 1)):
-        raise ValueError(f"stages {replaced} are not consecutive in {names}")
+        raise OptionError(f"stages {replaced} are not consecutive in {names}")
     body = list(old[:first]) + list(stmts) + list(old[last + 1:])
     used = [r.source for s in body for r in (*_block_of(s).reads, *_block_of(s).writes)]
     buffers = [b for b in root.alloc_buffers if any(b.same_as(u) for u in used)]

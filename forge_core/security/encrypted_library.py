@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from typing import Any
 
 
-from forge_core.errors import CorruptKeyError, CorruptLibraryError, WrongPasswordError
+from forge_core.errors import CorruptKeyError, CorruptLibraryError, MalformedDataError, OptionError, WrongPasswordError
 
 FORMAT_VERSION = 1
 CIPHER = "AES-256-GCM"
@@ -142,7 +142,7 @@ def _framed(magic: bytes, header: dict[str, Any]) -> bytes:
 
 
 def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a number JSON allows")
+    raise MalformedDataError(f"{name} is not a number JSON allows")
 
 
 def _unframe(data: bytes, magic: bytes) -> tuple[dict[str, Any], bytes] | str:
@@ -158,7 +158,9 @@ def _unframe(data: bytes, magic: bytes) -> tuple[dict[str, Any], bytes] | str:
     try:
         header = json.loads(data[start:start + length].decode("ascii"), parse_constant=_reject_constant)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        return f"its header is not valid JSON ({type(exc).__name__})"
+        # _reject_constant's MalformedDataError keeps the name the message has always given it
+        kind = "ValueError" if isinstance(exc, MalformedDataError) else type(exc).__name__
+        return f"its header is not valid JSON ({kind})"
     if not isinstance(header, dict):
         return "its header is not a JSON object"
     return header, data[:start + length]
@@ -167,7 +169,7 @@ def _unframe(data: bytes, magic: bytes) -> tuple[dict[str, Any], bytes] | str:
 def _field(header: dict[str, Any], name: str, kind: type) -> Any:
     value = header.get(name)
     if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
-        raise ValueError(f"header field {name!r} is missing or not a {kind.__name__}")
+        raise MalformedDataError(f"header field {name!r} is missing or not a {kind.__name__}")
     return value
 
 
@@ -176,22 +178,22 @@ def _hex(header: dict[str, Any], name: str, size: int) -> bytes:
     try:
         value = bytes.fromhex(text)
     except ValueError:
-        raise ValueError(f"header field {name!r} is not hexadecimal") from None
+        raise MalformedDataError(f"header field {name!r} is not hexadecimal") from None
     if len(value) != size:
-        raise ValueError(f"header field {name!r} holds {len(value)} bytes, not {size}")
+        raise MalformedDataError(f"header field {name!r} holds {len(value)} bytes, not {size}")
     return value
 
 
 def _common(header: dict[str, Any]) -> tuple[str, str]:
     version = header.get("format_version")
     if version != FORMAT_VERSION:
-        raise ValueError(f"format version {version!r}; this Forge reads version {FORMAT_VERSION}")
+        raise MalformedDataError(f"format version {version!r}; this Forge reads version {FORMAT_VERSION}")
     if header.get("cipher") != CIPHER:
-        raise ValueError(f"cipher {header.get('cipher')!r}; this Forge reads {CIPHER}")
+        raise MalformedDataError(f"cipher {header.get('cipher')!r}; this Forge reads {CIPHER}")
     try:
         uuid_text = str(uuid_lib.UUID(_field(header, "uuid", str)))
     except ValueError:
-        raise ValueError("header field 'uuid' is not a UUID") from None
+        raise MalformedDataError("header field 'uuid' is not a UUID") from None
     return uuid_text, _hex(header, "key_id", 16).hex()
 
 
@@ -208,7 +210,7 @@ def read_library_header(data: bytes, source: str = "library") -> LibraryHeader:
         size = _field(header, "size", int)
         metadata = _field(header, "metadata", dict)
         if not 1 <= chunk_size <= 1 << 30 or size < 1:
-            raise ValueError(f"chunk_size {chunk_size} or size {size} out of range")
+            raise MalformedDataError(f"chunk_size {chunk_size} or size {size} out of range")
     except ValueError as exc:
         raise CorruptLibraryError(f"The encrypted library {source} is corrupted: {exc}.") from None
     parsed = LibraryHeader(uuid_text, key_id, chunk_size, size, metadata, prefix)
@@ -256,13 +258,13 @@ def read_key_file(data: bytes, source: str = "key file") -> KeyFile:
         uuid_text, key_id = _common(header)
         kdf = _field(header, "kdf", dict)
         if kdf.get("name") != "scrypt":
-            raise ValueError(f"key derivation {kdf.get('name')!r}; this Forge reads scrypt")
+            raise MalformedDataError(f"key derivation {kdf.get('name')!r}; this Forge reads scrypt")
         params = {name: _field(kdf, name, int) for name in ("n", "r", "p")}
         n, r, p = params["n"], params["r"], params["p"]
         lo_n, hi_n = SCRYPT_LIMITS["n"]
         if (n & (n - 1) or not lo_n <= n <= hi_n or not SCRYPT_LIMITS["r"][0] <= r <= SCRYPT_LIMITS["r"][1]
                 or not SCRYPT_LIMITS["p"][0] <= p <= SCRYPT_LIMITS["p"][1] or 128 * n * r > SCRYPT_LIMITS["memory"]):
-            raise ValueError(f"scrypt parameters n={n}, r={r}, p={p} outside what Forge writes or accepts")
+            raise MalformedDataError(f"scrypt parameters n={n}, r={r}, p={p} outside what Forge writes or accepts")
         salt = _hex(kdf, "salt", _SALT)
         nonce = _hex(header, "nonce", _NONCE)
     except ValueError as exc:
@@ -279,7 +281,7 @@ def encrypt_library(plaintext: bytes, metadata: dict[str, Any], password: bytes,
                     chunk_size: int = CHUNK_SIZE) -> tuple[bytes, bytes]:
     """``(encrypted library, key file)`` for ``plaintext``; ``password`` as :func:`check_password` returns it."""
     if not plaintext:
-        raise ValueError("Nothing to encrypt: the library is empty")
+        raise OptionError("Nothing to encrypt: the library is empty")
     uuid_text = str(uuid_lib.UUID(str(metadata["uuid"])))
     key_id = os.urandom(16).hex()
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM

@@ -17,7 +17,7 @@ import string
 import unicodedata
 import warnings
 
-from forge_core.errors import WeakPasswordWarning
+from forge_core.errors import OptionError, WeakPasswordWarning
 
 MIN_LENGTH = 10
 _CLASSES = (string.ascii_lowercase, string.ascii_uppercase, string.digits)
@@ -34,9 +34,9 @@ def check_password(password: object, what: str = "encrypt_password", warn_weak: 
     ``warn_weak=False`` when opening: the password is whatever encrypted the artifact.
     """
     if not isinstance(password, str):
-        raise ValueError(f"{what} must be a string, given {type(password).__name__}")
+        raise OptionError(f"{what} must be a string, given {type(password).__name__}")
     if password == "":
-        raise ValueError(f"{what} is empty; an encrypted artifact needs a password")
+        raise OptionError(f"{what} is empty; an encrypted artifact needs a password")
     normalized = unicodedata.normalize("NFC", password)
     if warn_weak:
         problems = []

@@ -33,6 +33,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
+from forge_core.errors import ModelStateError, OptionError
 from forge_core.ir.introspection import flatten_types
 from forge_core.quantization.held_weights import fold_constants
 from forge_core.transforms.rebind import Emit, RebindError, rebind
@@ -60,8 +61,8 @@ def batch_dimension(func: relax.Function, weight_names: Collection[str]) -> tupl
     inputs = [p for p in func.params if p.name not in weight_names]
     reference = next((_leading(p.ty) for p in inputs if _leading(p.ty) is not None), None)
     if reference is None:
-        raise ValueError("set_batch_size: no input of the model has a batch dimension (every input is a scalar "
-                         "or of unknown rank)")
+        raise ModelStateError("set_batch_size: no input of the model has a batch dimension (every input is a scalar "
+                              "or of unknown rank)")
     carriers = [p for p in inputs if _leading(p.ty) is not None and (
         _leading(p.ty).same_as(reference) if _static(reference) is None
         else _static(_leading(p.ty)) == _static(reference))]
@@ -91,7 +92,7 @@ def set_batch_size(mod: tvm.IRModule, batch_size: int, weight_names: Collection[
         ValueError: ``batch_size`` is not a positive integer, or a node cannot take the new batch (named).
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, given {batch_size!r}")
+        raise OptionError(f"batch_size must be a positive integer, given {batch_size!r}")
     func = mod["main"]
     old, carriers = batch_dimension(func, weight_names)
     if old == batch_size:
@@ -136,11 +137,11 @@ def set_batch_size(mod: tvm.IRModule, batch_size: int, weight_names: Collection[
     try:
         new_func = rebind(mod, "main", params=new_params, rewrite_call=rewrite)
     except RebindError as exc:
-        raise ValueError(f"set_batch_size({batch_size}): {exc}") from None
+        raise ModelStateError(f"set_batch_size({batch_size}): {exc}") from None
     before, after = flatten_types(func.ret_ty), flatten_types(new_func.ret_ty)
     for index, (was, now) in enumerate(zip(before, after)):
         if _static(_leading(was)) == old and _static(_leading(now)) != batch_size:
-            raise ValueError(
+            raise ModelStateError(
                 f"set_batch_size({batch_size}): output {index} keeps shape {_static_shape(now.shape)}: its batch "
                 f"comes from a shape fixed inside the model, not from the inputs")
     updated = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)

@@ -18,6 +18,8 @@ import tvm_ffi
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from forge_core.errors import ForgeError
+
 Emit = Callable[[relax.Expr, str], relax.Var]
 CallRewrite = Callable[[str, relax.Call, list[relax.Expr], Emit], relax.Expr | None]
 """``rewrite_call(binding_name, call, new_args, emit)``: a replacement expression, or None to keep the call.
@@ -28,7 +30,7 @@ _FIXED_TYPE_OPS = frozenset({"relax.call_tir", "relax.call_dps_packed", "relax.c
                              "relax.call_tir_with_grad", "relax.call_pure_packed"})
 
 
-class RebindError(ValueError):
+class RebindError(ForgeError, ValueError):
     """A binding whose type cannot be inferred after the change; names the binding and TVM's reason."""
 
 

@@ -24,7 +24,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from forge_core.compiler.options import CompileOptions
 from forge_core.compiler.pipeline import lower_to_tir, prepare_graph
-from forge_core.errors import ForgeError
+from forge_core.errors import ForgeError, OptionError
 from forge_core.ir import weights
 from forge_core.schedules.apply import SCHEDULED_ATTR, default_rules
 from forge_core.schedules.blocks import is_static
@@ -246,9 +246,9 @@ def tune_module(
 ) -> TuningReport:
     """Tune ``ir``'s operators for ``target``; see :meth:`forge.IRModule.tune`."""
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 0:
-        raise ValueError(f"trials must be a non-negative integer, given {trials!r}")
+        raise OptionError(f"trials must be a non-negative integer, given {trials!r}")
     if time_budget is not None and time_budget <= 0:
-        raise ValueError(f"time_budget must be a positive number of seconds, given {time_budget!r}")
+        raise OptionError(f"time_budget must be a positive number of seconds, given {time_budget!r}")
     _require_search_packages()
     tvm_target = resolve_target(target)
     if tvm_target.kind.name != "llvm":

@@ -11,7 +11,7 @@ import onnx
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
-from forge_core.errors import InvalidModelError
+from forge_core.errors import InvalidModelError, OptionTypeError, PathNotFoundError
 
 
 def describe_source(model: Any) -> str:
@@ -29,7 +29,7 @@ def read_model(model: Any) -> onnx.ModelProto:
     elif isinstance(model, (str, os.PathLike)):
         path = Path(model)
         if not path.is_file():
-            raise FileNotFoundError(f"ONNX model file {str(path)!r} does not exist")
+            raise PathNotFoundError(f"ONNX model file {str(path)!r} does not exist")
         try:
             proto = onnx.load(str(path))
         except (DecodeError, ValueError, RuntimeError, OSError, onnx.checker.ValidationError) as exc:
@@ -44,7 +44,7 @@ def read_model(model: Any) -> onnx.ModelProto:
         except (DecodeError, ValueError, RuntimeError) as exc:
             raise InvalidModelError(f"{source} are not a valid ONNX model: {exc}") from exc
     else:
-        raise TypeError(
+        raise OptionTypeError(
             f"from_onnx expects an onnx.ModelProto, a path to a .onnx file or its bytes, not {type(model).__name__}"
         )
     _check_structure(proto, source)

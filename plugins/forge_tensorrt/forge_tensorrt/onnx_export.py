@@ -36,7 +36,7 @@ import numpy as np
 import onnx
 
 from forge_core import __version__ as forge_version
-from forge_core.errors import CompilationError, ForgeError
+from forge_core.errors import CompilationError, ForgeError, OptionError
 from forge_tensorrt.onnx_graph import (
     QDQ_OPSET,
     default_opset,
@@ -76,7 +76,7 @@ def check_uuid(value: Any) -> str:
     try:
         return str(uuid_lib.UUID(str(value)))
     except ValueError:
-        raise ValueError(
+        raise OptionError(
             f"uuid must be a UUID such as '123e4567-e89b-12d3-a456-426614174000', given {value!r}") from None
 
 
@@ -172,21 +172,21 @@ def export(model: onnx.ModelProto, reference: onnx.ModelProto, path: str | os.Pa
     """Check ``model`` and write it with its metadata (see the module docstring); returns the metadata."""
     for name, value in (("is_tensorrt", is_tensorrt), ("force_overwrite", force_overwrite)):
         if not isinstance(value, bool):
-            raise ValueError(f"{name} must be True or False, given {value!r}")
+            raise OptionError(f"{name} must be True or False, given {value!r}")
     if isinstance(min_sqnr_db, bool) or not isinstance(min_sqnr_db, (int, float)):
-        raise ValueError(f"min_sqnr_db must be a number, given {min_sqnr_db!r}")
+        raise OptionError(f"min_sqnr_db must be a number, given {min_sqnr_db!r}")
     if not isinstance(path, (str, os.PathLike)) or not str(path):
-        raise ValueError(f"path must be a file path such as 'model.onnx', given {path!r}")
+        raise OptionError(f"path must be a file path such as 'model.onnx', given {path!r}")
     uuid_text = check_uuid(uuid)
     target = Path(path)
     meta_target = metadata_path(target)
     if target.is_dir():
-        raise ValueError(f"{str(target)!r} is a directory; give the ONNX file's path, "
+        raise OptionError(f"{str(target)!r} is a directory; give the ONNX file's path, "
                          f"e.g. {str(target / 'model.onnx')!r}")
     if not force_overwrite:
         for existing in (target, meta_target):
             if existing.exists():
-                raise ValueError(f"{str(existing)!r} already exists; pass force_overwrite=True to replace it")
+                raise OptionError(f"{str(existing)!r} already exists; pass force_overwrite=True to replace it")
 
     candidate = tensorrt_ready(model) if is_tensorrt else model
     data = candidate.SerializeToString()
@@ -279,10 +279,10 @@ def build_engine(onnx_path: str | os.PathLike[str], engine_path: str | os.PathLi
 
     source = Path(onnx_path)
     if not source.is_file():
-        raise ValueError(f"ONNX file {str(source)!r} does not exist; export() it first")
+        raise OptionError(f"ONNX file {str(source)!r} does not exist; export() it first")
     target = Path(engine_path) if engine_path is not None else source.with_suffix(".engine")
     if target.exists() and not force_overwrite:
-        raise ValueError(f"{str(target)!r} already exists; pass force_overwrite=True to replace it")
+        raise OptionError(f"{str(target)!r} already exists; pass force_overwrite=True to replace it")
     trt_logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(trt_logger)
     flags = 0

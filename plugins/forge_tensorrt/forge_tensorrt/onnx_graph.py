@@ -18,7 +18,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import helper
 
-from forge_core.errors import ModelImportError
+from forge_core.errors import ModelImportError, ModelStateError, OptionError, OptionTypeError
 from forge_core.runtime.signature import DYNAMIC_DIM, TensorSpec
 
 logger = logging.getLogger("forge.tensorrt")
@@ -50,7 +50,7 @@ def read_model(path_or_proto: Any) -> tuple[onnx.ModelProto, str]:
         if not proto.HasField("graph") or not proto.graph.output:
             raise ModelImportError(f"{source} is not an ONNX model: it holds no graph with outputs")
     else:
-        raise TypeError(f"ONNXModule expects an onnx.ModelProto or a path to a .onnx file, "
+        raise OptionTypeError(f"ONNXModule expects an onnx.ModelProto or a path to a .onnx file, "
                         f"not {type(path_or_proto).__name__}")
     try:
         onnx.checker.check_model(proto)
@@ -85,7 +85,7 @@ def upgrade_opset(model: onnx.ModelProto, opset: int = QDQ_OPSET) -> onnx.ModelP
         upgraded = onnx.version_converter.convert_version(model, opset)
         onnx.checker.check_model(upgraded)
     except Exception as exc:  # the converter raises RuntimeError or its own errors
-        raise ValueError(f"the model has opset {have} and onnx.version_converter cannot raise it to {opset}, "
+        raise ModelImportError(f"the model has opset {have} and onnx.version_converter cannot raise it to {opset}, "
                          f"which per-channel QDQ needs: {str(exc).strip().splitlines()[0]}. "
                          f"Export the model at opset {opset} or later") from exc
     logger.info("upgraded the model from opset %d to %d", have, opset)
@@ -176,7 +176,7 @@ def random_inputs(specs: Sequence[TensorSpec], seed: int = 0) -> dict[str, np.nd
     feeds = {}
     for spec in specs:
         if spec.shape is None:
-            raise ValueError(f"input {spec.name!r} has no shape: set_batch_size() or export the model with shapes")
+            raise ModelStateError(f"input {spec.name!r} has no shape: set_batch_size() or export the model with shapes")
         shape = tuple(1 if d == DYNAMIC_DIM else d for d in spec.shape)
         dtype = np.dtype(spec.dtype)
         if dtype.kind == "f":
@@ -273,7 +273,7 @@ def set_batch_size(model: onnx.ModelProto, batch_size: int, dry_run: bool = True
             the node an error names).
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, given {batch_size!r}")
+        raise OptionError(f"batch_size must be a positive integer, given {batch_size!r}")
     batch_size = int(batch_size)
     specs = input_specs(model)
     olds = {str(s.shape[0]) if s.shape[0] != DYNAMIC_DIM else "(dynamic)" for s in specs if s.shape}

@@ -25,6 +25,7 @@ import onnx
 from forge_core.runtime.signature import SignatureSurface, TensorSpec
 from forge_core.settings import QUANTIZE_DEFAULTS as _Q
 from forge_tensorrt import onnx_graph
+from forge_core.errors import ModelStateError
 
 if TYPE_CHECKING:
     from forge_core.quantization.calibration_data import CalibrationData
@@ -196,7 +197,7 @@ class ONNXModule(SignatureSurface):
         from forge_tensorrt.onnx_quantize import calibrate
 
         if self.is_quantized:
-            raise ValueError("the model is already quantized; calibrate the float model")
+            raise ModelStateError("the model is already quantized; calibrate the float model")
         data, samples = calibrate(self._model, calib_data, previous=None if reset else self._calibration,
                                   kept=None if reset else self._check_samples, use_cuda=use_cuda)
         self._calibration, self._check_samples = data, samples
@@ -258,7 +259,7 @@ class ONNXModule(SignatureSurface):
         from forge_tensorrt.onnx_quantize import quantize
 
         if self.is_quantized:
-            raise ValueError("the model is already quantized; quantize the float model")
+            raise ModelStateError("the model is already quantized; quantize the float model")
         model, info = quantize(self._model, self._calibration, activation_dtype=activation_dtype,
                                kernel_dtype=kernel_dtype, bias_dtype=bias_dtype, per_channel=per_channel,
                                calib_method=calib_method, quant_type=quant_type, exclude=exclude,

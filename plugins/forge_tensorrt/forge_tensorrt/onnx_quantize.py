@@ -46,6 +46,7 @@ from forge_core.quantization.ranges import (
     weight_params,
 )
 from forge_tensorrt.onnx_graph import QDQ_OPSET, initializer_names, input_specs, logger, session, upgrade_opset
+from forge_core.errors import ModelStateError, OptionError
 
 QUANTIZABLE_OPS = ("Conv", "MatMul", "Gemm")
 CHECK_SAMPLES = 8
@@ -116,7 +117,7 @@ def calibrate(model: onnx.ModelProto, calib_data: Iterable[Any], *, previous: Ca
             index, the input, the expected and given shape or dtype).
     """
     if isinstance(calib_data, (np.ndarray, str, bytes)) or not isinstance(calib_data, Iterable):
-        raise ValueError(
+        raise OptionError(
             f"calib_data must be an iterable of samples (a list of arrays, a generator...); given "
             f"{type(calib_data).__name__}" + (" — wrap a single array in a list: [array]"
                                              if isinstance(calib_data, np.ndarray) else ""))
@@ -148,7 +149,7 @@ def calibrate(model: onnx.ModelProto, calib_data: Iterable[Any], *, previous: Ca
             count += 1
             advance()
     if count == 0:
-        raise ValueError("calib_data held no samples")
+        raise OptionError("calib_data held no samples")
     data.num_samples += count
     logger.info("calibrated %d tensors over %d samples", len(names), count)
     return data, samples
@@ -190,20 +191,20 @@ def _check_settings(activation_dtype: str, kernel_dtype: str | None, bias_dtype:
                     quant_type: str, percentile: float) -> None:
     for name, value in (("activation_dtype", activation_dtype), ("kernel_dtype", kernel_dtype)):
         if value is not None and value != "int8":
-            raise ValueError(f"{name} must be 'int8' (TensorRT's explicit quantization reads int8 "
+            raise OptionError(f"{name} must be 'int8' (TensorRT's explicit quantization reads int8 "
                              f"QuantizeLinear/DequantizeLinear only); given {value!r}")
     if bias_dtype not in (None, "float32"):
-        raise ValueError(f"bias_dtype must be None or 'float32': TensorRT takes biases in float and folds them into "
+        raise OptionError(f"bias_dtype must be None or 'float32': TensorRT takes biases in float and folds them into "
                          f"the int8 kernel; given {bias_dtype!r}")
     if not isinstance(calib_method, str) or calib_method not in CALIB_METHODS:
-        raise ValueError(f"calib_method must be one of {', '.join(map(repr, CALIB_METHODS))}; given {calib_method!r}")
+        raise OptionError(f"calib_method must be one of {', '.join(map(repr, CALIB_METHODS))}; given {calib_method!r}")
     if not isinstance(quant_type, str) or quant_type not in QUANT_TYPES:
-        raise ValueError(f"quant_type must be one of {', '.join(map(repr, QUANT_TYPES))}; given {quant_type!r}")
+        raise OptionError(f"quant_type must be one of {', '.join(map(repr, QUANT_TYPES))}; given {quant_type!r}")
     if quant_type == "dynamic":
-        raise ValueError("quant_type='dynamic' is not available for ONNXModule: TensorRT needs static calibration "
+        raise OptionError("quant_type='dynamic' is not available for ONNXModule: TensorRT needs static calibration "
                          "(explicit QDQ scales); call calibrate(calib_data), then quantize(quant_type='static')")
     if isinstance(percentile, bool) or not isinstance(percentile, (int, float)) or not 0 < percentile <= 100:
-        raise ValueError(f"percentile must be a number in (0, 100]; given {percentile!r}")
+        raise OptionError(f"percentile must be a number in (0, 100]; given {percentile!r}")
 
 
 def _unique(base: str, taken: set[str]) -> str:
@@ -232,16 +233,16 @@ def quantize(model: onnx.ModelProto, calibration: CalibrationData | None, *, act
     """
     _check_settings(activation_dtype, kernel_dtype, bias_dtype, calib_method, quant_type, percentile)
     if not isinstance(per_channel, bool):
-        raise ValueError(f"per_channel must be True or False, given {per_channel!r}")
+        raise OptionError(f"per_channel must be True or False, given {per_channel!r}")
     if not calibration:
-        raise ValueError(f"quant_type={quant_type!r} needs calibration data, and TensorRT needs static scales: "
+        raise ModelStateError(f"quant_type={quant_type!r} needs calibration data, and TensorRT needs static scales: "
                          "call calibrate(calib_data) first")
     excluded = [exclude] if isinstance(exclude, str) else list(exclude)
     names = [node_name(n) for n in model.graph.node]
     for name in excluded:
         if name not in names:
             close = difflib.get_close_matches(name, names, n=3)
-            raise ValueError(f"exclude: no node is named {name!r}"
+            raise OptionError(f"exclude: no node is named {name!r}"
                              + (f"; close names: {', '.join(map(repr, close))}" if close else ""))
     source = model
     model = onnx.ModelProto()
@@ -262,7 +263,7 @@ def quantize(model: onnx.ModelProto, calibration: CalibrationData | None, *, act
         if target.activation not in qdq_of_activation:
             stats = calibration.statistics.get(target.activation)
             if stats is None or not stats.minima:
-                raise ValueError(f"no calibration statistics for tensor {target.activation!r} (read by node "
+                raise ModelStateError(f"no calibration statistics for tensor {target.activation!r} (read by node "
                                  f"{target.node!r}); calibrate() again after changing the model")
             low, high = activation_range(stats, calib_method, percentile, symmetric=True)
             amax = max(abs(low), abs(high))

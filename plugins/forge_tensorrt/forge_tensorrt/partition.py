@@ -38,6 +38,7 @@ from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
 from forge_core.builtin.folding_passes import inline_partitions_where
+from forge_core.errors import ModelStateError, OptionError
 from forge_core.ir.introspection import static_shape
 from forge_core.passes import PassContext, rewrite_functions, run_passes
 
@@ -183,9 +184,22 @@ def _swap_calls(func: relax.Function, mapping: dict[tvm.ir.GlobalVar, tvm.ir.Glo
 
 
 def partition_for_tensorrt(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:
-    """The flags before, TVM's TensorRT partitioning, then ``remove_no_mac_subgraphs``; options are the flags."""
+    """The flags before, TVM's TensorRT partitioning, then ``remove_no_mac_subgraphs``; options are the flags.
+
+    Raises ``ModelStateError`` for a module that holds TensorRT partitions
+    already, ``OptionError`` for a flag that is not a bool or not a flag.
+    """
     from tvm.relax.backend.contrib import tensorrt  # registers the pattern table
 
+    unknown = sorted(set(context.options) - set(FLAGS))
+    if unknown:
+        raise OptionError(f"partition_for_tensorrt takes the flags {', '.join(FLAGS)}; given {', '.join(unknown)}")
+    for flag in FLAGS:
+        value = context.options.get(flag, True)
+        if not isinstance(value, bool):
+            raise OptionError(f"{flag} must be True or False, given {value!r}")
+    if any(_is_tensorrt_partition(func) for func in mod.functions.values() if isinstance(func, relax.Function)):
+        raise ModelStateError("The module is partitioned for TensorRT already; call inline_partitions() first")
     options = {flag: bool(context.options.get(flag, True)) for flag in FLAGS}
     mod = run_passes(mod, ["remove_dropout"], context)  # inference: dropout would split partitions
     for flag, run in (("remove_stacks", remove_stacks), ("simplify_batch_matmul", simplify_batch_matmul),
@@ -196,3 +210,13 @@ def partition_for_tensorrt(mod: tvm.IRModule, context: PassContext) -> tvm.IRMod
     if options["remove_no_mac_subgraphs"]:
         mod = remove_no_mac_subgraphs(mod, context)
     return mod
+
+
+def inline_tensorrt_partitions(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:
+    """Every partition of ``mod`` and the composites inside it inlined where ``main`` calls them.
+
+    The same computation as the partitioned module (alias bindings removed).
+    ``IRModule.inline_partitions()`` restores the exact module from before
+    ``partition_for_tensorrt`` instead, when nothing changed in between.
+    """
+    return inline_partitions_where(mod, lambda gv, func: True)

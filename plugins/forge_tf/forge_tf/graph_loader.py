@@ -27,7 +27,7 @@ from typing import Any
 import tensorflow as tf
 from google.protobuf.message import DecodeError
 
-from forge_core.errors import ModelImportError
+from forge_core.errors import ModelImportError, OptionTypeError, PathNotFoundError
 from forge_core.ir.module import IRModule
 from forge_tf import layout as layouts
 from forge_tf.console import captured_output, first_line
@@ -168,7 +168,7 @@ def _function_specs(function: Any, shape: Mapping[str, Any] | None) -> tuple[lis
             "naming its inputs in order (float32)"
         )
     if not isinstance(shape, Mapping):
-        raise TypeError(f"{LOADER}: shape must be a dict of input name to shape, not {type(shape).__name__}")
+        raise OptionTypeError(f"{LOADER}: shape must be a dict of input name to shape, not {type(shape).__name__}")
     return [InputSpec(str(name), parse_shape(str(name), dims), "float32") for name, dims in shape.items()], False
 
 
@@ -217,15 +217,15 @@ def _frozen_function(graph: Any, shape: Mapping[str, Any] | None, outputs: Seque
             return _saved_model_function(path, shape, outputs, signature_key)
         if path.is_file():
             return _graph_def_function(_read_graph_def(path), shape, outputs, f"GraphDef {str(path)!r}")
-        raise FileNotFoundError(f"TensorFlow model path {str(path)!r} does not exist")
+        raise PathNotFoundError(f"TensorFlow model path {str(path)!r} does not exist")
     if _is_keras_model(graph):
-        raise TypeError(f"{LOADER} expects a GraphDef, a SavedModel directory or a tf.function; "
-                        "for a keras.Model use forge.from_keras")
+        raise OptionTypeError(f"{LOADER} expects a GraphDef, a SavedModel directory or a tf.function; "
+                              "for a keras.Model use forge.from_keras")
     if hasattr(graph, "structured_input_signature") and callable(graph):
         return _callable_function(graph, shape, outputs, "concrete function")
     if hasattr(graph, "get_concrete_function"):
         return _callable_function(graph, shape, outputs, "tf.function")
-    raise TypeError(
+    raise OptionTypeError(
         f"{LOADER} expects a frozen tf.compat.v1.GraphDef (or a path to its .pb file), a SavedModel directory, "
         f"a tf.function or a concrete function, not {type(graph).__name__}"
     )

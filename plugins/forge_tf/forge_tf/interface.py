@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 import tvm
 from tvm import relax
 
+from forge_core.errors import ModelImportError, OptionError
 from forge_core.ir.naming import OUTPUT_NAMES_ATTR
 
 
@@ -30,7 +31,7 @@ def _output_count(func: relax.Function) -> int:
 def _outer_shape(inner: relax.TensorType, axes: Sequence[int]) -> relax.TensorType:
     """The type of ``x`` such that ``permute_dims(x, axes)`` has type ``inner``."""
     if inner.shape is None:
-        raise ValueError("cannot transpose an input of unknown shape")
+        raise ModelImportError("cannot transpose an input of unknown shape")
     dims = list(inner.shape.values)
     outer: list[tvm.ir.PrimExpr] = [dims[0]] * len(dims)
     for position, axis in enumerate(axes):
@@ -67,7 +68,7 @@ def rewrite_main(
     count = _output_count(main)
     output_order = list(output_order) if output_order is not None else list(range(count))
     if sorted(input_order) != list(range(len(params))) or sorted(output_order) != list(range(count)):
-        raise ValueError(f"input_order {input_order} or output_order {output_order} is not a permutation")
+        raise OptionError(f"input_order {input_order} or output_order {output_order} is not a permutation")
     if not input_axes and not output_axes and input_order == list(range(len(params))) \
             and output_order == list(range(count)):
         return mod

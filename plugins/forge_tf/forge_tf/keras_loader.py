@@ -7,7 +7,7 @@ from typing import Any
 
 import keras
 
-from forge_core.errors import ModelImportError
+from forge_core.errors import ModelImportError, OptionTypeError
 from forge_core.ir.module import IRModule
 from forge_tf import layout as layouts
 from forge_tf.frozen_function import freeze
@@ -29,7 +29,7 @@ def _declared_inputs(model: keras.Model) -> list[Any]:
 def _input_specs(model: keras.Model, shape: Mapping[str, Any] | None, layout: str) -> list[InputSpec]:
     """The model's inputs in NHWC, the layout Keras computes in; ``shape`` is given in ``layout``."""
     if shape is not None and not isinstance(shape, Mapping):
-        raise TypeError(
+        raise OptionTypeError(
             f"{LOADER}: shape must be a dict of input name to shape, e.g. {{'input_1': (1, 3, 224, 224)}}, "
             f"not {type(shape).__name__}"
         )
@@ -73,7 +73,7 @@ def load_keras(
     if not isinstance(model, keras.Model):
         hint = " (use forge.from_tensorflow for a tf.function or SavedModel)" if hasattr(
             model, "get_concrete_function") or isinstance(model, (str, bytes)) else ""
-        raise TypeError(f"{LOADER} expects a keras.Model, not {type(model).__name__}{hint}")
+        raise OptionTypeError(f"{LOADER} expects a keras.Model, not {type(model).__name__}{hint}")
     layouts.check_layout(layout, layouts.KERAS_LAYOUTS, LOADER)
     specs = _input_specs(model, shape, layout)
     single = len(specs) == 1

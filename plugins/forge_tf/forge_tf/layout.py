@@ -28,6 +28,7 @@ from dataclasses import replace
 import tvm
 from tvm import relax
 
+from forge_core.errors import OptionError, OptionTypeError
 from forge_tf.interface import rewrite_main
 from forge_tf.signature import Dim, InputSpec
 
@@ -40,9 +41,10 @@ NHWC_TO_NCHW = (0, 3, 1, 2)
 
 def check_layout(layout: object, allowed: Sequence[str | None], loader: str) -> None:
     if layout is not None and not isinstance(layout, str):
-        raise TypeError(f"{loader}: layout must be a string, one of {_show(allowed)}, not {type(layout).__name__}")
+        raise OptionTypeError(f"{loader}: layout must be a string, one of {_show(allowed)}, "
+                              f"not {type(layout).__name__}")
     if layout not in allowed:
-        raise ValueError(f"{loader}: layout {layout!r} is not supported; use one of {_show(allowed)}")
+        raise OptionError(f"{loader}: layout {layout!r} is not supported; use one of {_show(allowed)}")
 
 
 def _show(allowed: Sequence[str | None]) -> str:

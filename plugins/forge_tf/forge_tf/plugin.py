@@ -10,6 +10,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
+from forge_core.errors import MissingDependencyError
 from forge_core.hookspecs import hookimpl
 
 _FRAMEWORK_MODULES = ("tensorflow", "keras", "tflite")
@@ -22,7 +23,7 @@ def _lazy(module: str, function: str, public_name: str) -> Callable[..., Any]:
         except ModuleNotFoundError as exc:
             if exc.name not in _FRAMEWORK_MODULES:
                 raise
-            raise ImportError(
+            raise MissingDependencyError(
                 f"forge.{public_name} needs {exc.name}, which is not installed. "
                 "Install it with: pip install 'forge-core[tf]'",
                 name=exc.name,

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from forge_core.errors import ModelImportError
+from forge_core.errors import ModelImportError, OptionTypeError
 
 logger = logging.getLogger("forge.tf")
 
@@ -80,7 +80,7 @@ def apply_shapes(specs: Sequence[InputSpec], shape: Mapping[str, Any] | None, lo
     if shape is None:
         return list(specs)
     if not isinstance(shape, Mapping):
-        raise TypeError(
+        raise OptionTypeError(
             f"{loader}: shape must be a dict of input name to shape, e.g. {{'input_1': (1, 224, 224, 3)}}, "
             f"not {type(shape).__name__}"
         )

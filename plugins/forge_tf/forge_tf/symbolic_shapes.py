@@ -34,6 +34,8 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.frontend.tflite import tflite_frontend
 
+from forge_core.errors import ModelImportError
+
 _INT_TYPES = (np.int8, np.int16, np.int32, np.int64, np.uint8)
 
 
@@ -266,8 +268,8 @@ class SymbolicShapes:
         target = self._known(inputs[1])
         if target is None and inputs[1].tensor_idx >= 0 and self.has_expr(inputs[1].tensor_idx):
             # TVM's converter builds a ShapeExpr of whatever it is given, and fails on a tensor computed at run time.
-            raise ValueError(f"its new shape, tensor {inputs[1].tensor.Name().decode(errors='replace')!r}, is "
-                             "computed from values known only at run time; Relax needs it at import")
+            raise ModelImportError(f"its new shape, tensor {inputs[1].tensor.Name().decode(errors='replace')!r}, is "
+                                   "computed from values known only at run time; Relax needs it at import")
         data = self.get_tensor_expr(inputs[0])
         shape = getattr(self.bb.normalize(data).ty, "shape", None)
         if target is None or shape is None:
@@ -290,9 +292,9 @@ class SymbolicShapes:
         # elements would read past its input (a corrupt model, or one only valid for some batch sizes).
         count = functools.reduce(operator.mul, dims, _imm(1))
         if not tvm.sym.Analyzer().can_prove_equal(count, total):
-            raise ValueError(f"RESHAPE of the shape {_show(shape.values)}, {_show([_simplify(total)])[1:-2]} "
-                             f"elements, to {_show(dims)}, {_show([_simplify(count)])[1:-2]} elements: the counts "
-                             "are not equal for every size of the dynamic dimensions")
+            raise ModelImportError(f"RESHAPE of the shape {_show(shape.values)}, {_show([_simplify(total)])[1:-2]} "
+                                   f"elements, to {_show(dims)}, {_show([_simplify(count)])[1:-2]} elements: the "
+                                   "counts are not equal for every size of the dynamic dimensions")
         return relax.op.reshape(data, relax.ShapeExpr(dims))
 
     # -- converters TVM 0.27 writes for static shapes only ------------------------

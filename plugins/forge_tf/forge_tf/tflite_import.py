@@ -24,7 +24,9 @@ from tvm import relax, tirx
 from tvm.relax.frontend.tflite import from_tflite
 from tvm.relax.frontend.tflite.tflite_frontend import OperatorConverter
 
-from forge_core.errors import ForgeError, ModelImportError, OperatorConversionError
+from forge_core.errors import (
+    ForgeError, InvalidModelError, ModelImportError, OperatorConversionError, UnsupportedOperatorError,
+)
 from forge_tf.console import captured_output
 from forge_tf.operator_support import operator_code
 from forge_tf.signature import Dim
@@ -141,20 +143,27 @@ class ForgeOperatorConverter(SymbolicShapes, OperatorConverter):
                 result = self.bb.normalize(result)
                 lost = self._lost_shape(op, result) or _compared_types(result)
                 if lost is not None:
-                    raise ValueError(lost)
+                    raise ModelImportError(lost)
                 mismatch = self._declared_mismatch(op, result) if self._check_declared else None
                 if mismatch is not None:
-                    raise ValueError(mismatch)
+                    raise InvalidModelError(mismatch)
                 return result
+            except (OperatorConversionError, UnsupportedOperatorError):
+                raise
+            except ModelImportError as exc:  # the checks above and symbolic_shapes refuse with these: named too
+                raise self._conversion_error(code, op, exc) from exc
             except ForgeError:
                 raise
             except Exception as exc:  # noqa: BLE001 - converters fail with anything from asserts to TVMError
-                output = int(op.Outputs(0)) if op.OutputsLength() else -1
-                node = tensor_name(self.subgraph, output) if output >= 0 else f"<{code} without outputs>"
-                raise OperatorConversionError("tflite", operator_code(self.model, op), node,
-                                              described_assertion(exc)) from exc
+                raise self._conversion_error(code, op, described_assertion(exc)) from exc
 
         return call
+
+    def _conversion_error(self, code: str, op: Any, cause: BaseException) -> OperatorConversionError:
+        """``cause`` as the failure of ``op``, named by its first output tensor."""
+        output = int(op.Outputs(0)) if op.OutputsLength() else -1
+        node = tensor_name(self.subgraph, output) if output >= 0 else f"<{code} without outputs>"
+        return OperatorConversionError("tflite", operator_code(self.model, op), node, cause)
 
 
 def _bounded_take(result: Any) -> Any:

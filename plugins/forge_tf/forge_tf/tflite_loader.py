@@ -8,7 +8,7 @@ from typing import Any
 
 import tvm
 
-from forge_core.errors import ForgeError, ModelImportError, UnsupportedOperatorError
+from forge_core.errors import ForgeError, ModelImportError, OptionTypeError, UnsupportedOperatorError
 from forge_core.ir.module import IRModule
 from forge_core.ir.naming import with_output_names
 from forge_tf import onnx_fallback
@@ -36,8 +36,8 @@ def _input_specs(model: TFLiteModel, shape_dict: Mapping[str, Any] | None,
                  dtype_dict: Mapping[str, str] | None) -> list[InputSpec]:
     for option, value in (("shape_dict", shape_dict), ("dtype_dict", dtype_dict)):
         if value is not None and not isinstance(value, Mapping):
-            raise TypeError(f"{LOADER}: {option} must be a dict of input name to "
-                            f"{'shape' if option == 'shape_dict' else 'dtype'}, not {type(value).__name__}")
+            raise OptionTypeError(f"{LOADER}: {option} must be a dict of input name to "
+                                  f"{'shape' if option == 'shape_dict' else 'dtype'}, not {type(value).__name__}")
     shape_dict, dtype_dict = dict(shape_dict or {}), dict(dtype_dict or {})
     _check_names("shape_dict", shape_dict, model)
     _check_names("dtype_dict", dtype_dict, model)

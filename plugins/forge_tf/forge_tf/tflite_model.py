@@ -10,7 +10,7 @@ from typing import Any
 import tflite
 from tflite.TensorType import TensorType
 
-from forge_core.errors import InvalidModelError
+from forge_core.errors import InvalidModelError, OptionTypeError, PathNotFoundError
 from forge_tf.tflite_verify import verify_tflite
 
 _FILE_IDENTIFIER = b"TFL3"
@@ -107,9 +107,9 @@ def read_tflite(model: Any) -> TFLiteModel:
     if isinstance(model, (str, os.PathLike)):
         path = Path(model)
         if not path.is_file():
-            raise FileNotFoundError(f"TFLite model file {str(path)!r} does not exist")
+            raise PathNotFoundError(f"TFLite model file {str(path)!r} does not exist")
         return parse_tflite(path.read_bytes(), repr(str(path)))
-    raise TypeError(
+    raise OptionTypeError(
         f"from_tflite expects the bytes of a .tflite flatbuffer, a path to one, or a tflite.Model, "
         f"not {type(model).__name__}"
     )

@@ -31,6 +31,8 @@ from typing import Any
 import torch
 from torch.onnx import symbolic_helper
 
+from forge_core.errors import ModelImportError
+
 ENCODER_LAYER = "aten::_transformer_encoder_layer_fwd"
 MULTI_HEAD_ATTENTION = "aten::_native_multi_head_attention"
 
@@ -97,7 +99,7 @@ def _attention(g: Any, query: Any, key: Any, value: Any, embed_dim: int, heads: 
                qkv_bias: Any, proj_weight: Any, proj_bias: Any, mask: Any, mask_type: int | None) -> tuple[Any, Any]:
     """Multi-head attention as the fused kernels compute it: (output (N, L, E), probabilities (N, H, L, S))."""
     if embed_dim % heads:
-        raise ValueError(f"{MULTI_HEAD_ATTENTION}: embed_dim {embed_dim} is not a multiple of num_heads {heads}")
+        raise ModelImportError(f"{MULTI_HEAD_ATTENTION}: embed_dim {embed_dim} is not a multiple of num_heads {heads}")
     head_dim = embed_dim // heads
     dtype = _dtype_of(query)
 
@@ -114,7 +116,7 @@ def _attention(g: Any, query: Any, key: Any, value: Any, embed_dim: int, heads: 
         if mask_type == 1:
             mask = g.op("Reshape", mask, _ints(g, [0, 1, 1, -1]))
         elif mask_type not in (0, 2):
-            raise ValueError(f"{MULTI_HEAD_ATTENTION}: unknown mask_type {mask_type} (0, 1 or 2 expected)")
+            raise ModelImportError(f"{MULTI_HEAD_ATTENTION}: unknown mask_type {mask_type} (0, 1 or 2 expected)")
         masked = g.op("Cast", mask, to_i=symbolic_helper.cast_pytorch_to_onnx["Bool"])
         lowest = _scalar(g, torch.finfo(dtype).min, dtype)
         probabilities = g.op("Softmax", g.op("Where", masked, lowest, scores), axis_i=-1)

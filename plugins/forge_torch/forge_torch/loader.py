@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from forge_core.errors import ForgeError, ModelImportError
+from forge_core.errors import ForgeError, ModelImportError, OptionTypeError
 from forge_core.ir.module import IRModule
 from forge_core.ir.naming import rename_inputs, with_output_names
 from forge_core.runtime.signature import DYNAMIC_DIM
@@ -179,7 +179,7 @@ def load_torch(
     is_script = isinstance(script_module, torch.jit.ScriptModule)
     is_program = isinstance(script_module, torch.export.ExportedProgram)
     if not (is_script or is_program or isinstance(script_module, torch.nn.Module)):
-        raise TypeError(
+        raise OptionTypeError(
             "from_torch expects a torch.nn.Module, a torch.export.ExportedProgram or a traced TorchScript module, "
             f"not {type(script_module).__name__}"
         )

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 from onnx.backend.base import BackendRep
 
+from forge_core.errors import OptionError
 from forge_onnx.backend import ForgeBackend, input_arrays, named_outputs
 
 NAME = "forge-public"
@@ -24,12 +25,12 @@ class PublicPathRep(BackendRep):
     """``forge.from_onnx(model).get_inference_function()``, called with every graph input."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
-        import forge
+        from forge_core.loaders import from_onnx  # what forge.from_onnx is (plugins never import the facade)
 
         initializers = {init.name for init in model.graph.initializer}
         self.input_names = [vi.name for vi in model.graph.input if vi.name not in initializers]
         self.output_names = [vi.name for vi in model.graph.output]
-        self._function = forge.from_onnx(model).get_inference_function()
+        self._function = from_onnx(model).get_inference_function()
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
         arrays = input_arrays(inputs, self.input_names)
@@ -43,5 +44,5 @@ class PublicPathBackend(ForgeBackend):
     @classmethod
     def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> PublicPathRep:
         if not cls.supports_device(device):
-            raise ValueError(f"{NAME} runs on CPU only, not {device!r}")
+            raise OptionError(f"{NAME} runs on CPU only, not {device!r}")
         return PublicPathRep(model)

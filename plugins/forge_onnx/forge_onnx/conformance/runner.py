@@ -42,7 +42,9 @@ class _Worker:
         threading.Thread(target=self._read, daemon=True).start()
         ready = self.lines.get(timeout=600)
         if ready is None:
-            raise RuntimeError(f"the {backend} conformance worker failed to start")
+            from forge_core.errors import ProcessFailedError  # here: the runner itself imports no TVM
+
+            raise ProcessFailedError(f"the {backend} conformance worker failed to start")
 
     def _read(self) -> None:
         assert self.process.stdout is not None

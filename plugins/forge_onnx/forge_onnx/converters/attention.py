@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from tvm import relax
 
+from forge_core.errors import ModelImportError
 from forge_onnx.converters import ConverterContext
 from forge_onnx.converters.shapes import static_shape
 
@@ -52,7 +53,7 @@ def attention(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
     past_value = inputs[5] if len(inputs) > 5 else None
     nonpad = inputs[6] if len(inputs) > 6 else None
     if any(static_shape(t) is None for t in (q, k, v)):
-        raise ValueError("Attention needs static Q, K and V shapes")
+        raise ModelImportError("Attention needs static Q, K and V shapes")
     io_dtype = str(q.ty.dtype)
     if io_dtype in ("float16", "bfloat16"):
         # Compute in float32, as the reference does through numpy, and round once at the end.
@@ -87,7 +88,7 @@ def attention(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
     if mask is not None:
         mask_shape = static_shape(mask)
         if mask_shape is None:
-            raise ValueError("Attention needs a static attn_mask shape")
+            raise ModelImportError("Attention needs a static attn_mask shape")
         pad = kv_len - mask_shape[-1]
         if str(mask.ty.dtype) == "bool":
             if pad > 0:
@@ -177,7 +178,7 @@ def rotary_embedding(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str,
     position_ids = inputs[3] if len(inputs) > 3 else None
     shape = static_shape(x)
     if shape is None:
-        raise ValueError("RotaryEmbedding needs a static input shape")
+        raise ModelImportError("RotaryEmbedding needs a static input shape")
     if len(shape) == 4:
         x = bb.emit(relax.op.permute_dims(x, [0, 2, 1, 3]))  # [batch, seq, heads, head]
     else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from forge_core.errors import PluginDefinitionError
 from forge_onnx.converters import (
     activations,
     attention,
@@ -34,7 +35,7 @@ def all_converters() -> dict[tuple[str, str], Callable[..., Any]]:
 
     def add(domain: str, op_type: str, convert: Callable[..., Any]) -> None:
         if (domain, op_type) in table:
-            raise RuntimeError(f"Two converter modules define {domain or 'ai.onnx'}.{op_type}")
+            raise PluginDefinitionError(f"Two converter modules define {domain or 'ai.onnx'}.{op_type}")
         table[(domain, op_type)] = convert
 
     for module in MODULES:

@@ -8,6 +8,7 @@ import numpy as np
 import onnx
 from tvm import relax
 
+from forge_core.errors import InvalidModelError, ModelImportError
 from forge_onnx.converters import ConverterContext
 
 
@@ -45,7 +46,7 @@ def lp_normalization(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str,
     elif p == 2:
         norm = bb.emit(relax.op.sqrt(relax.op.sum(relax.op.multiply(x, x), axis=[axis], keepdims=True)))
     else:
-        raise ValueError(f"LpNormalization supports p = 1 or 2, given {p}")
+        raise InvalidModelError(f"LpNormalization supports p = 1 or 2, given {p}")
     zero = relax.const(0, dtype)
     is_zero = bb.emit(relax.op.equal(norm, zero))
     safe = bb.emit(relax.op.where(is_zero, relax.const(1, dtype), norm))
@@ -57,7 +58,7 @@ def cum_prod(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
     """CumProd along a constant axis, with ``exclusive`` and ``reverse``."""
     x, axis = inputs[0], inputs[1]
     if not hasattr(axis, "value"):
-        raise ValueError("CumProd needs a constant axis")
+        raise ModelImportError("CumProd needs a constant axis")
     axis_value = int(np.asarray(axis.value.numpy()).reshape(-1)[0])
     reverse = bool(attrs.get("reverse", 0))
     data = bb.emit(relax.op.flip(x, axis_value)) if reverse else x
@@ -68,7 +69,7 @@ def cum_prod(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
 def _window(inputs: list[Any], attrs: dict[str, Any], a0: float, a1: float, a2: float) -> relax.Expr:
     size = inputs[0]
     if not hasattr(size, "value"):
-        raise ValueError("window functions need a constant size")
+        raise ModelImportError("window functions need a constant size")
     n = int(np.asarray(size.value.numpy()).reshape(-1)[0])
     periodic = bool(attrs.get("periodic", 1))
     denominator = n if periodic else n - 1

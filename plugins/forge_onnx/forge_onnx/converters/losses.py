@@ -6,6 +6,7 @@ from typing import Any
 
 from tvm import relax
 
+from forge_core.errors import InvalidModelError
 from forge_onnx.converters import ConverterContext
 
 
@@ -39,7 +40,7 @@ def _nll(bb: relax.BlockBuilder, log_probs: relax.Expr, target: relax.Expr, weig
     if reduction == "sum":
         return total
     if reduction != "mean":
-        raise ValueError(f"reduction must be 'none', 'sum' or 'mean', given {reduction!r}")
+        raise InvalidModelError(f"reduction must be 'none', 'sum' or 'mean', given {reduction!r}")
     return bb.emit(relax.op.divide(total, relax.op.sum(per_element)))
 
 

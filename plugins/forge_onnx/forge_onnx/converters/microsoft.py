@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from tvm import relax
 
+from forge_core.errors import InvalidModelError, ModelImportError
 from forge_onnx.converters import ConverterContext
 
 DOMAIN = "com.microsoft"
@@ -49,8 +50,8 @@ def _activation(x: relax.Expr, name: str, params: list[float], node: str) -> rel
         alpha, beta = (params + [0.2, 0.5][len(params):])[:2] if params else (0.2, 0.5)
         linear = relax.op.add(relax.op.multiply(x, const(alpha)), const(beta))
         return relax.op.minimum(relax.op.maximum(linear, const(0.0)), const(1.0))
-    raise ValueError(f"FusedConv {node!r}: activation {name!r} is not one onnxruntime fuses "
-                     "(Relu, Tanh, Sigmoid, LeakyRelu, Clip, HardSigmoid)")
+    raise InvalidModelError(f"FusedConv {node!r}: activation {name!r} is not one onnxruntime fuses "
+                            "(Relu, Tanh, Sigmoid, LeakyRelu, Clip, HardSigmoid)")
 
 
 def fused_conv(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
@@ -71,13 +72,14 @@ def fused_matmul(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any
                  context: ConverterContext) -> relax.Expr:
     """FusedMatMul: alpha * op(A) @ op(B), op transposing the last two axes where transA / transB say."""
     if int(attrs.get("transBatchA", 0)) or int(attrs.get("transBatchB", 0)):
-        raise ValueError(f"FusedMatMul {context.node!r}: transBatchA / transBatchB are not supported")
+        raise ModelImportError(f"FusedMatMul {context.node!r}: transBatchA / transBatchB are not supported")
     a, b = inputs[0], inputs[1]
 
     def transposed(x: relax.Expr) -> relax.Expr:
         rank = x.ty.ndim
         if rank < 2:
-            raise ValueError(f"FusedMatMul {context.node!r}: a transposed operand needs rank 2 or more, given {x.ty}")
+            raise InvalidModelError(f"FusedMatMul {context.node!r}: a transposed operand needs rank 2 or more, "
+                                    f"given {x.ty}")
         return relax.op.permute_dims(x, [*range(rank - 2), rank - 1, rank - 2])
 
     if int(attrs.get("transA", 0)):
@@ -119,8 +121,8 @@ def simplified_layer_normalization(bb: relax.BlockBuilder, inputs: list[Any], at
     """SimplifiedLayerNormalization (RMS norm over the last axis): x / sqrt(mean(x^2) + epsilon) * scale."""
     axis = int(attrs.get("axis", -1))
     if axis not in (-1, inputs[0].ty.ndim - 1):
-        raise ValueError(f"SimplifiedLayerNormalization {context.node!r}: only the last axis is supported, given "
-                         f"axis {axis}")
+        raise ModelImportError(f"SimplifiedLayerNormalization {context.node!r}: only the last axis is supported, given "
+                               f"axis {axis}")
     y, inverse = _rms_norm(inputs[0], inputs[1], float(attrs.get("epsilon", 1e-5)), context.node)
     if context.outputs == 1:
         return y

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from tvm import relax
 
+from forge_core.errors import InvalidModelError, ModelImportError
 from forge_onnx.converters import ConverterContext
 
 
@@ -106,12 +107,12 @@ def conv_integer(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any
     """ConvInteger: ``conv(x - x_zp, w - w_zp)`` in int32 (2-D; explicit or VALID padding)."""
     x, w, x_zp, w_zp = [*inputs, None, None][:4]
     if x.ty.ndim != 4 or w.ty.ndim != 4:
-        raise ValueError(f"ConvInteger: Forge converts 2-D convolutions (4-D input and weight); given input rank "
-                         f"{x.ty.ndim}, weight rank {w.ty.ndim}")
+        raise ModelImportError(f"ConvInteger: Forge converts 2-D convolutions (4-D input and weight); given input rank "
+                               f"{x.ty.ndim}, weight rank {w.ty.ndim}")
     auto_pad = attrs.get("auto_pad", b"NOTSET")
     auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
     if auto_pad not in ("NOTSET", "VALID"):
-        raise ValueError(f"ConvInteger: auto_pad={auto_pad} is not supported; export with explicit pads")
+        raise ModelImportError(f"ConvInteger: auto_pad={auto_pad} is not supported; export with explicit pads")
     pads = [int(p) for p in attrs.get("pads", [0, 0, 0, 0])] if auto_pad == "NOTSET" else [0, 0, 0, 0]
     strides = [int(v) for v in attrs.get("strides", [1, 1])]
     dilations = [int(v) for v in attrs.get("dilations", [1, 1])]
@@ -127,7 +128,7 @@ def conv_integer(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any
     data = relax.op.astype(x, "int32")
     if x_zp is not None:
         if not _one_value(x_zp):
-            raise ValueError("ConvInteger: x_zero_point must be one value (a scalar or a 1-element vector)")
+            raise InvalidModelError("ConvInteger: x_zero_point must be one value (a scalar or a 1-element vector)")
         data = relax.op.subtract(data, relax.op.reshape(bb.emit(relax.op.astype(x_zp, "int32")), []))
     kernel = relax.op.astype(w, "int32")
     if w_zp is not None:

@@ -28,6 +28,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from forge_core.errors import InvalidModelError, ModelImportError
 from forge_onnx.converters import ConverterContext
 from forge_onnx.converters.recurrent_kernel import LANES, RecurrentCell, build_kernel
 from forge_onnx.converters.recurrent_math import activations
@@ -73,11 +74,11 @@ def _read(bb: relax.BlockBuilder, kind: str, inputs: list[Any], attrs: dict[str,
     x, w, r = inputs[0], inputs[1], inputs[2]
     dtype = str(x.ty.dtype)
     if dtype not in _COMPUTE_DTYPE:
-        raise ValueError(f"recurrent operators take float16, float32 or float64, not {dtype}")
+        raise InvalidModelError(f"recurrent operators take float16, float32 or float64, not {dtype}")
     compute = _COMPUTE_DTYPE[dtype]
     layout = int(attrs.get("layout", 0))
     if layout not in (0, 1):
-        raise ValueError(f"layout must be 0 or 1, given {layout}")
+        raise InvalidModelError(f"layout must be 0 or 1, given {layout}")
 
     def operand(value: relax.Expr | None, batch_first: bool = False) -> relax.Expr | None:
         if value is None:
@@ -91,22 +92,23 @@ def _read(bb: relax.BlockBuilder, kind: str, inputs: list[Any], attrs: dict[str,
     x = operand(x, batch_first=True)
     shape = _dims(x)
     if shape is None or len(shape) != 3:
-        raise ValueError(f"X must have rank 3 with known dims (dynamic ones named), given {x.ty}")
+        raise ModelImportError(f"X must have rank 3 with known dims (dynamic ones named), given {x.ty}")
     if not isinstance(shape[2], int):
-        raise ValueError(f"X's input size (its last dim) must be static, given {shape[2]}: W's shape depends on it")
+        raise ModelImportError(f"X's input size (its last dim) must be static, given {shape[2]}: W's shape depends "
+                               "on it")
     seq, batch, _ = shape
     r_shape = static_shape(r)
     if r_shape is None:
-        raise ValueError("recurrent operators need a static R shape")
+        raise ModelImportError("recurrent operators need a static R shape")
     hidden = int(attrs["hidden_size"]) if "hidden_size" in attrs else r_shape[-1]
     direction = _text(attrs.get("direction", "forward"))
     reverse = {"forward": (False,), "reverse": (True,), "bidirectional": (False, True)}.get(direction)
     if reverse is None:
-        raise ValueError(f"unknown direction {direction!r}")
+        raise InvalidModelError(f"unknown direction {direction!r}")
     names = [_text(n) for n in attrs.get("activations", [])] or DEFAULT_ACTIVATIONS[kind] * len(reverse)
     per = len(DEFAULT_ACTIVATIONS[kind])
     if len(names) != per * len(reverse):
-        raise ValueError(f"{kind.upper()} takes {per} activations per direction, given {len(names)}")
+        raise InvalidModelError(f"{kind.upper()} takes {per} activations per direction, given {len(names)}")
     functions = activations(names, list(attrs.get("activation_alpha", [])), list(attrs.get("activation_beta", [])))
     lengths = _given(inputs, 4)
     if lengths is not None:
@@ -162,9 +164,9 @@ def _check_shapes(node: _Node, inputs: int) -> None:
     for name, (value, want) in expected.items():
         if value is not None and not _same_dims(_dims(value), want):
             given = _dims(value)
-            raise ValueError(f"{node.kind.upper()} input {name} has shape "
-                             f"{list(given) if given is not None else 'unknown'}, expected {list(want)} (layout 0) "
-                             f"for hidden_size {hidden} and {dirs} direction(s)")
+            raise InvalidModelError(f"{node.kind.upper()} input {name} has shape "
+                                    f"{list(given) if given is not None else 'unknown'}, expected {list(want)} "
+                                    f"(layout 0) for hidden_size {hidden} and {dirs} direction(s)")
 
 
 def _constant(value: relax.Expr) -> np.ndarray | None:

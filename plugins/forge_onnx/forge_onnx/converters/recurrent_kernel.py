@@ -37,6 +37,7 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
+from forge_core.errors import ModelImportError, OptionError
 from forge_core.schedules.apply import RULE_ATTR, SCHEDULED_ATTR
 from forge_onnx.plugin import RECURRENT_CELL_ATTR
 from forge_onnx.converters.recurrent_math import Activation
@@ -81,16 +82,16 @@ class RecurrentCell:
 
     def __post_init__(self) -> None:
         if self.kind not in GATES:
-            raise ValueError(f"unknown recurrent cell {self.kind!r}")
+            raise OptionError(f"unknown recurrent cell {self.kind!r}")
         if self.dtype not in ("float32", "float64"):
-            raise ValueError(f"recurrent kernels compute in float32 or float64, not {self.dtype}")
+            raise OptionError(f"recurrent kernels compute in float32 or float64, not {self.dtype}")
         if len(self.activations) != self.directions:
-            raise ValueError("one tuple of activations per direction")
+            raise OptionError("one tuple of activations per direction")
         if not self.static:
             return  # the kernel checks its sizes when it runs
         largest = max(max(math.prod(s) for s in self.input_shapes), math.prod(self.output_shapes[0]))
         if largest >= 1 << 31:
-            raise ValueError(f"recurrent tensors of {largest} elements exceed the kernel's 32-bit indexing")
+            raise ModelImportError(f"recurrent tensors of {largest} elements exceed the kernel's 32-bit indexing")
 
     def const(self, value: float) -> Any:
         return tirx.const(value, self.dtype)

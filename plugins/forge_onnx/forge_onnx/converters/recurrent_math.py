@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import tvm
 from tvm import tirx
 
+from forge_core.errors import ModelImportError
+
 Expr = tvm.ir.Expr
 
 # Cephes expf: exp(x) = 2^n * exp(r), r = x - n ln2 in [-ln2/2, ln2/2], ln2 split in two (Cody-Waite).
@@ -167,7 +169,7 @@ def activations(names: list[str], alphas: list[float], betas: list[float]) -> li
     for raw in names:
         name = raw.lower()
         if name not in _PARAMETERS:
-            raise ValueError(f"unsupported recurrent activation {raw!r}")
+            raise ModelImportError(f"unsupported recurrent activation {raw!r}")
         takes_alpha, takes_beta, default_alpha, default_beta = _PARAMETERS[name]
         alpha = (alpha_list.pop(0) if alpha_list else default_alpha) if takes_alpha else None
         beta = (beta_list.pop(0) if beta_list else default_beta) if takes_beta else None

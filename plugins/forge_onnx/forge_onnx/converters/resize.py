@@ -15,6 +15,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from forge_core.errors import ModelImportError
 from forge_core.runtime.signature import RUN_TIME_CHECK
 from forge_onnx.converters import ConverterContext
 from forge_onnx.converters.shapes import static_or_symbolic_dims, static_shape
@@ -81,7 +82,7 @@ def _refuse_what_tvm_maps_differently(bb: relax.BlockBuilder, inputs: list[Any],
             if mode not in ("align_corners", "tf_crop_and_resize") and abs(exact - round(exact)) > 1e-6 and not (
                     _attr(attrs, "mode", "nearest") == "nearest"
                     and _same_nearest_pixels(d, float(scale), mode, _attr(attrs, "nearest_mode", "round_prefer_floor"))):
-                raise ValueError(
+                raise ModelImportError(
                     f"Resize by scale {float(scale):g} of axis {axis} (size {d}) gives {exact:g}, not a whole size: "
                     f"ONNX maps coordinates with the scale and TVM with the ratio of the sizes, so the numbers "
                     f"would differ; give the output size (`sizes`) instead"
@@ -93,7 +94,7 @@ def _refuse_what_tvm_maps_differently(bb: relax.BlockBuilder, inputs: list[Any],
         return
     for axis in range(2, len(in_dims)):
         if int(sizes[axis]) == 1:
-            raise ValueError(
+            raise ModelImportError(
                 f"Resize with coordinate_transformation_mode=align_corners to size 1 along axis {axis} "
                 f"(input size {in_dims[axis]}) is not supported: TVM's resize divides by (output size - 1)"
             )
@@ -132,7 +133,7 @@ def resize(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], con
     x = inputs[0]
     dims = static_shape(x)
     if dims is None:
-        raise ValueError("Resize with axes or keep_aspect_ratio_policy needs a static input shape")
+        raise ModelImportError("Resize with axes or keep_aspect_ratio_policy needs a static input shape")
     rank = len(dims)
     axes = [int(a) % rank for a in (axes if axes is not None else range(rank))]
     padded = list(inputs) + [None] * (4 - len(inputs))
@@ -154,7 +155,7 @@ def resize(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], con
                 full_sizes[axis] = int(scale * dims[axis] + 0.5)
                 if abs(full_sizes[axis] / dims[axis] - scale) > 1e-6:
                     # TVM maps coordinates with each axis' own out/in ratio; ONNX with the common scale.
-                    raise ValueError(
+                    raise ModelImportError(
                         f"Resize with keep_aspect_ratio_policy={policy}: size {full_sizes[axis]} of axis {axis} is "
                         f"not exactly {scale:g} x {dims[axis]}, which TVM's resize cannot express"
                     )

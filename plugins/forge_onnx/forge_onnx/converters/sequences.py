@@ -14,6 +14,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
+from forge_core.errors import InvalidModelError, UnsupportedFeatureError
 from forge_onnx.converters import ConverterContext
 
 
@@ -29,9 +30,9 @@ def sequence_insert(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, 
         index = int(position.value.numpy())
         index = length + index if index < 0 else index
     else:
-        raise NotImplementedError("SequenceInsert's position must be a constant")
+        raise UnsupportedFeatureError("SequenceInsert's position must be a constant")
     if not 0 <= index <= length:
-        raise ValueError(f"SequenceInsert position out of the range [-{length}, {length}] of the sequence")
+        raise InvalidModelError(f"SequenceInsert position out of the range [-{length}, {length}] of the sequence")
     items = list(sequence)
     items.insert(index, tensor)
     return relax.Tuple(items)

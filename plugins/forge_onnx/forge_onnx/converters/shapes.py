@@ -21,6 +21,7 @@ from onnx import numpy_helper
 import tvm
 from tvm import relax, tirx, topi
 
+from forge_core.errors import InvalidModelError, ModelImportError
 from forge_core.runtime.signature import RUN_TIME_CHECK
 from forge_onnx.constant_folding import MAX_FOLDED_ELEMENTS
 from forge_onnx.converters import ConverterContext
@@ -74,7 +75,7 @@ def _fill_value(attrs: dict[str, Any], node: str) -> np.ndarray:
         return np.array(0.0, dtype=np.float32)
     value = numpy_helper.to_array(attrs["value"])
     if value.size != 1:
-        raise ValueError(f"ConstantOfShape {node!r}: value must hold one element, given shape {value.shape}")
+        raise InvalidModelError(f"ConstantOfShape {node!r}: value must hold one element, given shape {value.shape}")
     return value.reshape(())
 
 
@@ -99,7 +100,7 @@ def _run_time_shape(bb: relax.BlockBuilder, operand: relax.Expr, node: str,
             and isinstance(ty.shape.values[0], tirx.IntImm):
         value, rank = bb.emit(relax.op.tensor_to_shape(operand)), int(ty.shape.values[0].value)
     else:
-        raise ValueError(f"{op} {node!r}: the shape operand must be a 1-D tensor of known length, given {ty}")
+        raise ModelImportError(f"{op} {node!r}: the shape operand must be a 1-D tensor of known length, given {ty}")
     prefix = re.sub(r"\W+", "_", node).strip("_") or "shape"
     dims = [tirx.Var(f"{prefix}_d{axis}", "int64") for axis in range(rank)]
     bb.match_cast(value, relax.ShapeType(dims))
@@ -119,7 +120,7 @@ def constant_of_shape(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str
     dims = _constant_dims(shape_operand)
     if dims is not None:
         if any(d < 0 for d in dims):
-            raise ValueError(f"ConstantOfShape {context.node!r}: negative dimension in shape {dims}")
+            raise InvalidModelError(f"ConstantOfShape {context.node!r}: negative dimension in shape {dims}")
         if int(np.prod(dims, dtype=np.int64)) <= MAX_FOLDED_ELEMENTS:
             return relax.const(np.full(dims, fill, dtype=dtype), dtype)
         target = relax.ShapeExpr(dims)
@@ -146,7 +147,7 @@ def expand(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], con
         return context.tvm_convert("Expand", [data, relax.ShapeExpr(values)])
     data_dims = static_or_symbolic_dims(data)
     if data_dims is None:
-        raise ValueError(f"Expand {context.node!r}: the input's rank must be known, given {data.ty}")
+        raise ModelImportError(f"Expand {context.node!r}: the input's rank must be known, given {data.ty}")
     target = list(_run_time_shape(bb, shape_operand, context.node, "Expand").values)
     rank = max(len(target), len(data_dims))
     one = tirx.IntImm("int64", 1)
@@ -162,7 +163,7 @@ def _values_of_dims(bb: relax.BlockBuilder, operand: relax.Expr, subject: str) -
     ``subject`` ends with its verb (``"Pad 'p': its pads are"``)."""
     values = symbolic_ints(bb, operand)
     if values is None:
-        raise ValueError(
+        raise ModelImportError(
             f"{subject} computed from values known only at run time (given {operand.ty}), which Forge cannot "
             "follow back to the input's dims; give the model's inputs static shapes (from_onnx(shape={...})) so "
             "that they are known at import")
@@ -187,16 +188,18 @@ def reshape(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], co
     for axis, value in enumerate(values):
         if isinstance(value, tirx.IntImm) and int(value.value) == 0 and not allowzero:
             if dims is None or axis >= len(dims):
-                raise ValueError(f"Reshape {context.node!r}: shape[{axis}] = 0 copies the input's dim {axis}, "
-                                 f"which the input ({data.ty}) does not have")
+                raise InvalidModelError(f"Reshape {context.node!r}: shape[{axis}] = 0 copies the input's dim {axis}, "
+                                        f"which the input ({data.ty}) does not have")
             value = dims[axis]
         resolved.append(value)
     unknown = [axis for axis, v in enumerate(resolved) if isinstance(v, tirx.IntImm) and int(v.value) == -1]
     if len(unknown) > 1:
-        raise ValueError(f"Reshape {context.node!r}: the shape has -1 at {len(unknown)} places, at most one allowed")
+        raise InvalidModelError(f"Reshape {context.node!r}: the shape has -1 at {len(unknown)} places, at most one "
+                                "allowed")
     if unknown:
         if dims is None:
-            raise ValueError(f"Reshape {context.node!r}: a -1 in the shape needs the input's dims, given {data.ty}")
+            raise ModelImportError(f"Reshape {context.node!r}: a -1 in the shape needs the input's dims, given "
+                                   f"{data.ty}")
         one = tirx.IntImm("int64", 1)
         known = math.prod((v for axis, v in enumerate(resolved) if axis != unknown[0]), start=one)
         resolved[unknown[0]] = tirx.floordiv(math.prod(dims, start=one), known)
@@ -267,7 +270,8 @@ def slice_(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], con
         inputs = list(inputs) + [None] * (5 - len(inputs))  # TVM's converter reads inputs[3] and [4] as optional
     else:  # Slice-1 (the PyTorch exporter at opset 9): starts, ends and axes are attributes; TVM reads inputs
         if "starts" not in attrs or "ends" not in attrs:
-            raise ValueError(f"Slice {context.node!r} (opset {context.opset}) needs its starts and ends attributes")
+            raise InvalidModelError(f"Slice {context.node!r} (opset {context.opset}) needs its starts and ends "
+                                    "attributes")
         as_input = [relax.const(np.asarray(list(attrs[key]), "int64"), "int64") if key in attrs else None
                     for key in ("starts", "ends", "axes")]
         inputs = [inputs[0], *as_input, None]
@@ -340,9 +344,10 @@ def constant(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
                     array = np.array(list(attrs[name]), dtype=dtype)
                     break
             else:
-                raise ValueError(f"Constant has no supported value attribute (given: {', '.join(attrs) or 'none'})")
+                raise ModelImportError("Constant has no supported value attribute "
+                                       f"(given: {', '.join(attrs) or 'none'})")
     if array.dtype == object:
-        raise ValueError("string constants are not supported")
+        raise ModelImportError("string constants are not supported")
     return relax.const(array, str(array.dtype))  # relax.const alone narrows int64 to int32
 
 
@@ -366,16 +371,17 @@ def pad(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], contex
     data = inputs[0]
     dims = static_or_symbolic_dims(data)
     if dims is None:
-        raise ValueError(f"Pad {context.node!r}: the input's rank must be known, given {data.ty}")
+        raise ModelImportError(f"Pad {context.node!r}: the input's rank must be known, given {data.ty}")
     rank = len(dims)
     axes = list(range(rank))
     if len(inputs) > 3 and inputs[3] is not None:
         given = symbolic_ints(bb, inputs[3])
         if given is None or not all(isinstance(a, tirx.IntImm) for a in given):
-            raise ValueError(f"Pad {context.node!r}: its axes must be known at import, given {inputs[3].ty}")
+            raise ModelImportError(f"Pad {context.node!r}: its axes must be known at import, given {inputs[3].ty}")
         axes = [int(a.value) % rank for a in given]
     if len(values) != 2 * len(axes):
-        raise ValueError(f"Pad {context.node!r}: {len(values)} pads for {len(axes)} axes (expected {2 * len(axes)})")
+        raise InvalidModelError(f"Pad {context.node!r}: {len(values)} pads for {len(axes)} axes "
+                                f"(expected {2 * len(axes)})")
     zero = tirx.IntImm("int64", 0)
     before, after = [zero] * rank, [zero] * rank
     for index, axis in enumerate(axes):
@@ -392,13 +398,13 @@ def pad(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], contex
     mode = attrs.get("mode", b"constant")
     mode = mode.decode() if isinstance(mode, bytes) else str(mode)
     if mode not in _PAD_TE:
-        raise ValueError(f"Pad {context.node!r}: mode {mode!r} with pads computed from dynamic dims is not supported "
-                         f"(supported: {', '.join(_PAD_TE)}); give the model's inputs static shapes")
+        raise ModelImportError(f"Pad {context.node!r}: mode {mode!r} with pads computed from dynamic dims is not "
+                               f"supported (supported: {', '.join(_PAD_TE)}); give the model's inputs static shapes")
     if mode == "constant":
         fill = 0.0
         if len(inputs) > 2 and inputs[2] is not None:
             if not isinstance(inputs[2], tvm.ir.GenericConst):
-                raise ValueError(f"Pad {context.node!r}: its constant_value must be known at import")
+                raise ModelImportError(f"Pad {context.node!r}: its constant_value must be known at import")
             fill = inputs[2].value.numpy().item()
         return bb.emit_te(topi.nn.pad, data, before, after, fill)
     if mode == "reflect":
@@ -417,7 +423,7 @@ def center_crop_pad(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, 
     x, target = inputs[0], inputs[1]
     dims = static_shape(x)
     if dims is None or not hasattr(target, "value"):
-        raise ValueError("CenterCropPad needs a static input shape and a constant target shape")
+        raise ModelImportError("CenterCropPad needs a static input shape and a constant target shape")
     sizes = [int(v) for v in np.asarray(target.value.numpy()).reshape(-1)]
     rank = len(dims)
     axes = [int(a) % rank for a in attrs.get("axes", range(rank))]
