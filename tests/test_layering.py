@@ -123,3 +123,15 @@ def test_the_runtime_imports_only_tvm_runtime_library(tmp_path):
     probe.write_text("import tvm\nfrom tvm import relax\nfrom tvm.runtime.vm import VirtualMachine\n"
                      "import tvm.target\n")
     assert _tvm_compiler_imports(probe, tmp_path) == ["probe.py:2: tvm.relax", "probe.py:4: tvm.target"]
+
+
+def test_only_the_loaders_import_the_ir_module_class_inside_forge_core():
+    """The compiler, quantization, tuning and graph API take a module as ``forge_core.ir.parts.ModuleParts``:
+    ``ir/module.py`` imports them (lazily), and an import back would close a circle through it."""
+    importers = sorted(
+        path.relative_to(CORE).as_posix()
+        for path in CORE.rglob("*.py")
+        if path.name != "module.py" or path.parent.name != "ir"
+        if any(module == "forge_core.ir.module" for _, module in _imported_modules(path))
+    )
+    assert importers == ["loaders.py"], importers

@@ -20,7 +20,8 @@ from forge_core.compiler.buckets import add_buckets, bucket_bindings
 from forge_core.compiler.metadata_builder import build_metadata, input_layouts, metadata_function
 from forge_core.compiler.options import CompileOptions
 from forge_core.compiler.pipeline import build, prepare_graph
-from forge_core.compiler.staging import StagingDirectory, check_output_path
+from forge_core.compiler.staging import check_output_path
+from forge_core.files import StagedDirectory
 from forge_core.compiler.toolchain import toolchain_for
 from forge_core.errors import CompilationError, ForgeError
 from forge_core.ir import weights
@@ -30,7 +31,7 @@ from forge_core.runtime.signature import DYNAMIC_DIM, TensorSpec, format_shape
 from forge_core.targets.parsing import resolve_target
 
 if TYPE_CHECKING:
-    from forge_core.ir.module import IRModule
+    from forge_core.ir.parts import ModuleParts
 
 logger = logging.getLogger("forge.compile")
 
@@ -59,7 +60,7 @@ def exporter_formats(options: CompileOptions, registered: Iterable[str] = ()) ->
 
 
 def compile_to_function(
-    ir: IRModule,
+    ir: ModuleParts,
     target: str | Mapping[str, Any] | tvm.target.Target = "llvm",
     *,
     opt_level: int = 3,
@@ -123,7 +124,7 @@ def _note_generic_kernels(inputs: Sequence[TensorSpec]) -> None:
 
 
 def compile_module(
-    ir: IRModule,
+    ir: ModuleParts,
     target: str | Mapping[str, Any] | tvm.target.Target = "llvm",
     *,
     host: str | Mapping[str, Any] | tvm.target.Target | None = None,
@@ -205,7 +206,7 @@ def compile_module(
     artifact = Artifact(executable, tvm_target, options, final_ir, document, toolchain)
 
     report(f"Writing {', '.join(e.format for e in exporters)} to {options.output_path} ({toolchain.description})")
-    stage = StagingDirectory(options.output_path)
+    stage = StagedDirectory(options.output_path, replace=True)
     with stage as directory:
         for exporter in exporters:
             try:

@@ -29,7 +29,7 @@ from tvm import relax
 
 from forge_core.compiler.c_names import plain_names
 from forge_core.compiler.options import CompileOptions
-from forge_core.passes import PassContext, run_passes
+from forge_core import passes as forge_passes  # forge_passes.PassContext: a plugin pass's; tvm.transform.PassContext: TVM's
 from forge_core.quantization.expand import ExpandQuantize
 from forge_core.plugin_manager import get_plugin_manager, schedule_passes
 from forge_core.compiler.metadata_builder import record_schedules, schedules_entry
@@ -62,9 +62,9 @@ def prepare_graph(mod: tvm.IRModule, options: CompileOptions, target: tvm.target
         names.append("simplify")
     if options.opt_level >= 3:
         names.append("fast_math")
-    context = PassContext(target=target,
+    context = forge_passes.PassContext(target=target,
                           options={"opt_level": options.opt_level, "layout": options.set_channel_layout})
-    return run_passes(mod, names, context)
+    return forge_passes.run_passes(mod, names, context)
 
 
 _BACKENDS = {"llvm": "cpu_generic", "cuda": "cuda", "rocm": "rocm"}
@@ -117,7 +117,7 @@ def schedule_stage(target: tvm.target.Target, opt_level: int, *, tuning_database
     ``forge run --profile`` reads) and, when given, into ``schedules``.
     """
     specs = schedule_passes(get_plugin_manager().passes().values())
-    context = PassContext(target=target, options={"opt_level": opt_level})
+    context = forge_passes.PassContext(target=target, options={"opt_level": opt_level})
 
     @tvm.transform.module_pass(opt_level=0, name="forge_schedules")
     def _stage(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:

@@ -4,7 +4,8 @@ Files are written into a temporary directory beside ``output_path``; only
 when every exporter succeeded does it replace ``output_path`` (the previous
 artifact is moved aside first and removed last). A failure at any point
 leaves ``output_path`` exactly as it was, and no temporary directory (nor a
-parent directory created for it) behind. See :mod:`forge_core.files`.
+parent directory created for it) behind: ``forge_core.files.StagedDirectory(path,
+replace=True)`` does it. This module checks ``output_path`` before the work.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from forge_core.errors import OptionError
-from forge_core.files import StagedDirectory, check_creatable
+from forge_core.files import check_creatable
 
 
 def check_output_path(path: Path, force_overwrite: bool) -> None:
@@ -30,10 +31,3 @@ def check_output_path(path: Path, force_overwrite: bool) -> None:
             f"output_path {str(path)!r} exists and is not empty; pass force_overwrite=True to replace it"
         )
     check_creatable(path)  # the artifact is renamed into place in the parent directory
-
-
-class StagingDirectory(StagedDirectory):
-    """``with StagingDirectory(path) as tmp: ...write into tmp...; stage.commit()`` (replaces ``path``)."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__(path, replace=True)

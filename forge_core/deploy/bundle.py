@@ -116,7 +116,8 @@ def bundle(artifact: str | Path, platform: str = "linux-aarch64", output_path: s
         ForgeError: The platform does not match the library's machine, or a pinned wheel cannot be had.
         ValueError: An unknown platform or Python, or ``output_path`` is not empty.
     """
-    from forge_core.compiler.staging import StagingDirectory, check_output_path
+    from forge_core.compiler.staging import check_output_path
+    from forge_core.files import StagedDirectory
     from forge_core.runtime import metadata as schema
 
     if platform not in wheels.PLATFORMS:
@@ -138,7 +139,7 @@ def bundle(artifact: str | Path, platform: str = "linux-aarch64", output_path: s
     requirements = wheels.RUNTIME + (wheels.ENCRYPTION if encrypted else ())
     archives = {req.split("==")[0]: wheels.wheel(req, platform, python) for req in requirements}
 
-    stage = StagingDirectory(output)
+    stage = StagedDirectory(output, replace=True)
     with stage as root:
         model = root / "model"
         model.mkdir()

@@ -17,7 +17,7 @@ from forge_core.graph.node import Node
 if TYPE_CHECKING:
     import networkx as nx
 
-    from forge_core.ir.module import IRModule
+    from forge_core.ir.parts import EditableModule
 
 _ROOT = ("forge.graph.root",)  # a node key no graph uses, for traversals from several sources
 
@@ -37,7 +37,7 @@ class Graph:
         >>> nx_graph = ir.main.to_networkx()
     """
 
-    def __init__(self, owner: IRModule, name: str) -> None:
+    def __init__(self, owner: EditableModule, name: str) -> None:
         self._owner = owner
         self._name = name
         self._cache: tuple[int, GraphIndex] | None = None
@@ -211,10 +211,8 @@ class Graph:
     def get_inference_function(self, target: str = "llvm") -> Callable[..., np.ndarray | list[np.ndarray]]:
         """A Python callable running this graph alone on numpy arrays, like
         :meth:`forge.IRModule.get_inference_function` (for a subgraph: its inputs in parameter order)."""
-        from forge_core.ir.module import IRModule
-
         mod, params = self._function_module()
-        return IRModule.from_parts(mod, params, state=self._owner._state).get_inference_function(target)
+        return self._owner.from_parts(mod, params, state=self._owner._state).get_inference_function(target)
 
     # -- edits (through the owning module) ---------------------------------------------
 

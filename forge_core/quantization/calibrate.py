@@ -13,10 +13,10 @@ from forge_core.quantization.observe import logger, pick_target, sample_arrays, 
 from forge_core.quantization.plan import build_plan
 
 if TYPE_CHECKING:
-    from forge_core.ir.module import IRModule
+    from forge_core.ir.parts import ModuleParts
 
 
-def calibrate(ir: IRModule, calib_data: Iterable[Any], *, previous: CalibrationData | None = None,
+def calibrate(ir: ModuleParts, calib_data: Iterable[Any], *, previous: CalibrationData | None = None,
               use_cuda: bool = True, show_progress: bool = True) -> CalibrationData:
     """Statistics of ``ir``'s quantizable activations over ``calib_data``, added to ``previous`` if given.
 

@@ -24,7 +24,7 @@ from forge_core.graph.index import build_index
 from forge_core.runtime.signature import TensorSpec, check_inputs
 
 if TYPE_CHECKING:
-    from forge_core.ir.module import IRModule
+    from forge_core.ir.parts import ModuleParts
 
 logger = logging.getLogger("forge.quantization")
 
@@ -101,16 +101,14 @@ def progress(label: str, total: int | None, enabled: bool = True) -> Iterator[Ca
         yield lambda: bar.advance(task)
 
 
-def compile_watching(ir: IRModule, names: Sequence[str], target: str) -> tuple[Callable[..., Any], int]:
+def compile_watching(ir: ModuleParts, names: Sequence[str], target: str) -> tuple[Callable[..., Any], int]:
     """``ir`` compiled (Forge's pipeline, in memory) to also return ``names``; and its own output count."""
     from forge_core.compiler.compile import compile_to_function
-    from forge_core.ir.module import IRModule
-
     instrumented, skip = watching(ir.mod, ir.params, names)
-    return compile_to_function(IRModule.from_parts(instrumented, ir.params), target), skip
+    return compile_to_function(ir.from_parts(instrumented, ir.params), target), skip
 
 
-def stream(ir: IRModule, names: Sequence[str], samples: Iterable[Any], on_sample: Callable[[int, list[np.ndarray]], None],
+def stream(ir: ModuleParts, names: Sequence[str], samples: Iterable[Any], on_sample: Callable[[int, list[np.ndarray]], None],
            *, target: str = "llvm", label: str = "Calibrating", show_progress: bool = True) -> int:
     """Run ``ir`` on every sample, calling ``on_sample(index, [watched values])``; returns the sample count."""
     function, skip = compile_watching(ir, names, target)

@@ -47,7 +47,7 @@ from forge_core.quantization.ranges import (
 from forge_core.transforms.rebind import Emit, rebind
 
 if TYPE_CHECKING:
-    from forge_core.ir.module import IRModule
+    from forge_core.ir.parts import ModuleParts
 
 
 @dataclass
@@ -69,7 +69,7 @@ class QuantizationInfo:
     quant_type: str  # "static" or "dynamic", as resolved
     layers: dict[str, dict[str, Any]] = field(default_factory=dict)
     excluded: list[str] = field(default_factory=list)
-    reference: IRModule | None = None
+    reference: ModuleParts | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The settings and parameters, JSON-ready (the artifact metadata's ``quantization`` entry)."""
@@ -229,7 +229,7 @@ class _Rewriter:
         return relax.Call(call.op, new_fields, call.attrs, call.ty_args)
 
 
-def quantize(ir: IRModule, calibration: CalibrationData | None, *, activation_dtype: str = "int8",
+def quantize(ir: ModuleParts, calibration: CalibrationData | None, *, activation_dtype: str = "int8",
              kernel_dtype: str | None = None, bias_dtype: str | None = None, per_channel: bool = False,
              calib_method: str = "average", quant_type: str = "any", exclude: Iterable[str] = (),
              percentile: float = 99.0) -> tuple[tvm.IRModule, dict[str, weights.Tensor], QuantizationInfo]:

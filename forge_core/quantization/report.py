@@ -20,7 +20,7 @@ from forge_core.errors import OptionError
 from forge_core.quantization.observe import compile_watching, pick_target, progress, sample_arrays
 
 if TYPE_CHECKING:
-    from forge_core.ir.module import IRModule
+    from forge_core.ir.parts import ModuleParts
     from forge_core.quantization.quantize import QuantizationInfo
 
 
@@ -69,7 +69,7 @@ def sqnr_db(signal: float, noise: float) -> float:
     return 10.0 * math.log10(signal / noise)
 
 
-def quantization_report(ir: IRModule, info: QuantizationInfo, calib_data: Iterable[Any], *,
+def quantization_report(ir: ModuleParts, info: QuantizationInfo, calib_data: Iterable[Any], *,
                         use_cuda: bool = True, show_progress: bool = True) -> QuantizationReport:
     """Run the float reference and ``ir`` side by side on ``calib_data`` (a re-iterable collection)."""
     reference = info.reference
@@ -106,7 +106,7 @@ def quantization_report(ir: IRModule, info: QuantizationInfo, calib_data: Iterab
 class _Runner:
     """A module compiled once to return the named layers' values, then its outputs', for one sample."""
 
-    def __init__(self, ir: IRModule, layers: list[str], target: str) -> None:
+    def __init__(self, ir: ModuleParts, layers: list[str], target: str) -> None:
         self.function, self.skip = compile_watching(ir, layers, target)
         self.specs = ir.input_specs
 

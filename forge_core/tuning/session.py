@@ -40,7 +40,7 @@ from forge_core.remote.devices import RemoteDevices
 from forge_core.tuning.runners import device_count, make_runner
 
 if TYPE_CHECKING:
-    from forge_core.ir.module import IRModule
+    from forge_core.ir.parts import ModuleParts
 
 logger = logging.getLogger("forge.tune")
 
@@ -233,7 +233,7 @@ def _require_search_packages() -> None:
 
 
 def tune_module(
-    ir: IRModule,
+    ir: ModuleParts,
     target: Any = "llvm",
     *,
     work_dir: str | os.PathLike[str] = "./tuning_database",
@@ -359,7 +359,7 @@ def _search(extracted: list[Any], directory: Path, *, trials: int, trials_per_ta
             ms_logger.setLevel(level)
 
 
-def _tune_into(ir: IRModule, tvm_target: tvm.target.Target, directory: Path, *, trials: int,
+def _tune_into(ir: ModuleParts, tvm_target: tvm.target.Target, directory: Path, *, trials: int,
                time_budget: float | None, trials_per_task: int | None, options: CompileOptions,
                progress: Progress | None, started: float, scratch: str, remote: RemoteDevices | None,
                workers: int) -> TuningReport:

@@ -6,9 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from forge_core.hookspecs import hookimpl
-
-RECURRENT_CELL_ATTR = "forge.recurrent_cell"
-"""The PrimFunc attribute marking a recurrent kernel (here, so that registering the pass imports nothing heavy)."""
+from forge_onnx.kernel_attrs import RECURRENT_CELL_ATTR
 
 
 def _load(*args: Any, **kwargs: Any) -> Any:

@@ -39,7 +39,7 @@ from tvm.script.ir_builder import tirx as T
 
 from forge_core.errors import ModelImportError, OptionError
 from forge_core.schedules.apply import RULE_ATTR, SCHEDULED_ATTR
-from forge_onnx.plugin import RECURRENT_CELL_ATTR
+from forge_onnx.kernel_attrs import RECURRENT_CELL_ATTR
 from forge_onnx.converters.recurrent_math import Activation
 
 RULE_NAME = "RecurrentKernel"
