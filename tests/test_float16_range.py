@@ -115,3 +115,40 @@ def test_every_opt_level_keeps_the_range(tmp_path, opt_level):
     data = growing_model(scale=40.0)
     forge.from_onnx(data).compile(output_path=tmp_path / "a", set_float16=True, opt_level=opt_level)
     np.testing.assert_allclose(forge.Runtime(tmp_path / "a").infer(X)[0], reference(data, X), rtol=2e-2, atol=2e-3)
+
+
+def sequence_sum_model() -> bytes:
+    """x [1, n, 8] (n dynamic) -> x*x -> MatMul by 100s -> ReduceSum over n -> MatMul by the identity: the last
+    product grows with n, about 1e3 at n = 1 and 2.5e4 at n = 32 (past the check's limit of 16376)."""
+    inits = [numpy_helper.from_array(np.full((8, 8), 100.0, "float32"), "w"),
+             numpy_helper.from_array(np.eye(8, dtype="float32"), "eye"),
+             numpy_helper.from_array(np.array([1], "int64"), "axes")]
+    nodes = [
+        oh.make_node("Mul", ["x", "x"], ["sq"], name="square"),
+        oh.make_node("MatMul", ["sq", "w"], ["h"], name="dense"),
+        oh.make_node("ReduceSum", ["h", "axes"], ["s"], name="over_sequence", keepdims=1),
+        oh.make_node("MatMul", ["s", "eye"], ["y"], name="head"),
+    ]
+    graph = oh.make_graph(nodes, "sequence_sum", [oh.make_tensor_value_info("x", TensorProto.FLOAT, [1, "n", 8])],
+                          [oh.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 8])], initializer=inits)
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    return model.SerializeToString()
+
+
+def test_dynamic_dims_are_checked_at_a_length_where_values_grow(tmp_path, caplog):
+    from forge_core.ir import weights
+
+    data = sequence_sum_model()
+    ir = forge.from_onnx(data)
+    assert ir.input_shapes == [(1, -1, 8)]
+    ranges = float16_range.measure(weights.bind_params(ir.mod, ir.params))
+    assert max(ranges.values()) > float16_range.LIMIT, ranges  # at n = 1 alone it stayed near 1e3
+    with caplog.at_level(logging.INFO, logger="forge.compile"):
+        ir.compile(output_path=str(tmp_path / "f16"), set_float16=True)
+    assert any("stay in float32" in r.getMessage() and "head" in r.getMessage() for r in caplog.records)
+    x = np.abs(np.random.default_rng(3).standard_normal((1, 32, 8))).astype("float32")
+    got = forge.Runtime(str(tmp_path / "f16")).infer(x)[0]
+    want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=1e-2)

@@ -37,6 +37,14 @@ ZEN4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})  # 
 RNG = np.random.default_rng(14)
 
 
+@pytest.fixture(autouse=True)
+def integer_kernels_on_every_host(monkeypatch):
+    """These tests check the integer kernels' numbers on whatever CPU runs them: without a byte dot product
+    (AVX2) Forge computes quantized models in float32 by default, faster there, so ask for integers. The tests
+    of that default set ``auto`` themselves."""
+    monkeypatch.setenv("FORGE_INT8_LOWERING", "integer")
+
+
 def _bias(channels: int, channel_shape: list[int]) -> np.ndarray:
     """The int32 bias :func:`_epilogue` adds (seeded by the channel count, so references can rebuild it)."""
     return np.random.default_rng(channels).integers(-5000, 5000, channel_shape).astype(np.int32)
@@ -772,3 +780,90 @@ def test_folded_requantize_epilogue_gives_the_same_bytes(activation):
 
     steps = np.abs(run(folded) - run(mod))
     assert steps.max() <= 1 and np.count_nonzero(steps) <= 2, steps.max()
+
+
+# ----------------------------------------------------------------------
+# Without a byte dot product: float, and the compile log says so (issue: int8 slower than fp32 on AVX2)
+# ----------------------------------------------------------------------
+
+
+def _ort_qdq_conv_net(tmp_path):
+    from model_factory import conv_bn_net
+
+    rng = np.random.default_rng(3)
+    samples = [{"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)} for _ in range(5)]
+    return onnxruntime_quantized(conv_bn_net(seed=2, channels=16), samples[:4], tmp_path, "QUInt8"), samples[4]
+
+
+def _integer_convolutions(mod) -> int:
+    count = 0
+    for block in mod["main"].body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Call) and getattr(value.op, "name", "") == "relax.nn.conv2d" \
+                    and str(value.attrs.out_dtype) == "int32":
+                count += 1
+    return count
+
+
+@pytest.mark.parametrize("target, integer", [
+    ("llvm -mcpu=x86-64-v3", False),     # AVX2 + FMA: int32 multiply-adds would be slower than float32
+    ("llvm -mcpu=znver1", False),
+    ("llvm -mcpu=skylake-avx512", False),  # AVX-512 without VNNI
+    ("raspberry-pi/4", False),           # Cortex-A72: no +dotprod
+    ("llvm -mcpu=alderlake", True),      # AVX-VNNI
+    ("llvm -mcpu=znver4", True),         # AVX-512 VNNI
+    ("raspberry-pi/5", True),            # Cortex-A76: +dotprod
+])
+def test_integer_kernels_only_where_the_cpu_has_a_byte_dot_product(tmp_path, caplog, monkeypatch, target, integer):
+    import logging
+
+    monkeypatch.setenv("FORGE_INT8_LOWERING", "auto")
+    from forge_core.ir import weights
+    from forge_core.passes import PassContext, run_passes
+
+    path, _ = _ort_qdq_conv_net(tmp_path)
+    ir = forge.from_onnx(str(path))
+    mod = weights.bind_params(ir.mod, ir.params)
+    with caplog.at_level(logging.WARNING, logger="forge.quantization"):
+        lowered = run_passes(mod, ["lower_quantized"], PassContext(target=resolve_target(target)))
+    said = [r.getMessage() for r in caplog.records if "no byte dot product" in r.getMessage()]
+    if integer:
+        assert _integer_convolutions(lowered) == 3 and not said
+    else:
+        assert _integer_convolutions(lowered) == 0
+        assert len(said) == 1 and "compute in float32" in said[0] and "-mcpu=alderlake" in said[0], said
+
+
+@pytest.mark.parametrize("opt_level", [1, 3])
+def test_an_avx2_target_computes_quantized_models_in_float_with_onnxruntimes_numbers(tmp_path, monkeypatch,
+                                                                                     opt_level):
+    monkeypatch.setenv("FORGE_INT8_LOWERING", "auto")
+    target = resolve_target("llvm -mcpu=x86-64-v3")
+    if not can_run(target):
+        pytest.skip("this CPU cannot run x86-64-v3 (AVX2) code")
+    path, sample = _ort_qdq_conv_net(tmp_path)
+    forge.from_onnx(str(path)).compile(target="llvm -mcpu=x86-64-v3", output_path=str(tmp_path / "q"),
+                                       opt_level=opt_level)
+    got = forge.Runtime(str(tmp_path / "q")).infer(sample["x"])[0]
+    for expected in onnxruntime_int8_references(str(path), sample):
+        # the fake-quantized reference's numbers: float sums of the same products round alike here
+        assert (got == expected).mean() >= 0.99 and np.abs(got - expected).max() <= 0.02 * np.abs(expected).max()
+
+
+
+@pytest.mark.parametrize("choice, integer", [("float", 0), ("integer", 3)])
+def test_the_environment_chooses_integer_or_float_kernels_on_any_target(tmp_path, monkeypatch, choice, integer):
+    from forge_core.ir import weights
+    from forge_core.passes import PassContext, run_passes
+
+    monkeypatch.setenv("FORGE_INT8_LOWERING", choice)
+    path, _ = _ort_qdq_conv_net(tmp_path)
+    ir = forge.from_onnx(str(path))
+    mod = weights.bind_params(ir.mod, ir.params)
+    for target in ("llvm -mcpu=x86-64-v3", "llvm -mcpu=znver4"):
+        lowered = run_passes(mod, ["lower_quantized"], PassContext(target=resolve_target(target)))
+        assert _integer_convolutions(lowered) == integer, target
+    monkeypatch.setenv("FORGE_INT8_LOWERING", "fastest")
+    with pytest.raises(forge.OptionError, match="FORGE_INT8_LOWERING must be auto, integer or float, given 'fastest'"):
+        run_passes(mod, ["lower_quantized"], PassContext(target=resolve_target("llvm")))

@@ -15,6 +15,7 @@ so each also runs alone through ``ir.apply_pass(name, **options)``:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import tvm
@@ -24,6 +25,8 @@ from forge_core.compiler.options import CHANNEL_LAYOUTS
 from forge_core.errors import OptionError
 from forge_core.hookspecs import hookimpl
 from forge_core.passes import PassContext
+
+logger = logging.getLogger("forge.quantization")
 
 # TVM legalizes conv2d_transpose only as NCHW data with an IOHW (input-channels-first) kernel:
 # under either channel layout it keeps that form, and ConvertLayout transposes around it.
@@ -36,11 +39,24 @@ def _run(mod: tvm.IRModule, context: PassContext, passes: list[tvm.transform.Pas
 
 
 def lower_quantized(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:
-    """Compute quantized convolutions and dense layers in integers (uint8 x int8 -> int32), requantizing once."""
-    from forge_core.quantization.lowering import lower_to_integer
-    from forge_core.schedules.int8 import activation_dtype
+    """Compute quantized convolutions and dense layers in integers (uint8 x int8 -> int32), requantizing once.
 
-    return lower_to_integer(mod, data_dtype=activation_dtype(context.target))
+    Only where the CPU has a byte dot product (x86 VNNI or AVX-VNNI, Arm ``+dotprod``): without one, integer
+    kernels run slower than float32 (AVX2's int32 multiply-adds: MobileNetV2 int8 23.9 ms against float32
+    12.7 ms on a Zen 1), so the quantized operators compute in float from their dequantized weights, the
+    fake-quantized reference's numbers, and the compile log says so (``float_quantized``).
+    """
+    from forge_core.quantization.lowering import INT8_LOWERING_ENV, float_quantized, int8_lowering, lower_to_integer
+    from forge_core.schedules.int8 import activation_dtype, dot_product
+
+    target = context.target
+    choice = int8_lowering()
+    without_dot = target is not None and target.kind.name == "llvm" and dot_product(target) is None
+    if choice == "float" or (choice == "auto" and without_dot):
+        return float_quantized(mod, target, reason="asked" if choice == "float" else None)
+    if without_dot:
+        logger.info("int8: integer kernels without a byte dot product, as %s=integer asks", INT8_LOWERING_ENV)
+    return lower_to_integer(mod, data_dtype=activation_dtype(target))
 
 
 def decompose_for_inference(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:

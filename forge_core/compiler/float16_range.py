@@ -8,7 +8,8 @@ nothing said so.
 
 Before the conversion the float32 model runs on this machine's CPU, every float
 tensor it computes watched, on random inputs with the inputs' shapes and
-dtypes (normal floats, integers 0 or 1; a dynamic dim set to 1). A binding
+dtypes (normal floats, integers 0 or 1; every dynamic dim at 1, then at 32
+where the model takes it, the larger value kept). A binding
 whose largest finite magnitude passes :data:`LIMIT` (a quarter of 65504: a
 margin for inputs larger than the samples) stays in float32, and so does
 every convolution or matmul that reads it (they would cast it to float16);
@@ -36,6 +37,10 @@ logger = logging.getLogger("forge.compile")
 FLOAT16_MAX = 65504.0
 LIMIT = FLOAT16_MAX / 4
 """A binding whose largest finite magnitude on the samples passes this stays in float32."""
+
+DYNAMIC_SIZES = (32,)
+"""Beside 1, the sizes every dynamic dim takes in the check (values that grow with a length or a batch: sums
+over a sequence, a batch's statistics); a size the model does not take is skipped."""
 
 _PLACEHOLDER = "forge.float32_kept."
 _ALWAYS = 0  # TVM's TMixedPrecisionPolicy: kAlways (conv2d, matmul: float16 inputs), kFollow = 1, kNever = none
@@ -70,7 +75,7 @@ def measure(mod: tvm.IRModule, opt_level: int = 2, seed: int = 0) -> dict[str, f
     name, on random inputs (run on this machine's CPU)."""
     from forge_core.compiler.pipeline import build
     from forge_core.ir.introspection import input_specs
-    from forge_core.runtime.signature import random_inputs
+    from forge_core.runtime.signature import DYNAMIC_DIM, random_inputs
     from forge_core.targets.parsing import resolve_target
 
     plain = relax.transform.ToNonDataflow()(mod)
@@ -87,12 +92,20 @@ def measure(mod: tvm.IRModule, opt_level: int = 2, seed: int = 0) -> dict[str, f
     specs = input_specs(list(func.params))
     executable = build(watching, resolve_target("llvm"), opt_level)
     vm = tvm.runtime.vm.VirtualMachine(executable, tvm.cpu())
-    outputs = vm["main"](*[tvm.runtime.tensor(a) for a in random_inputs(specs, seed)])
-    ranges = {}
-    for var, value in zip(watched, list(outputs)[1:]):
-        array = value.numpy()
-        finite = np.abs(array[np.isfinite(array)])
-        ranges[var.name] = float(finite.max()) if finite.size else 0.0
+    dynamic = any(spec.shape is not None and DYNAMIC_DIM in spec.shape for spec in specs)
+    ranges: dict[str, float] = {}
+    for size in (1, *DYNAMIC_SIZES) if dynamic else (1,):
+        try:
+            outputs = vm["main"](*[tvm.runtime.tensor(a) for a in random_inputs(specs, seed, dynamic_size=size)])
+        except Exception as exc:  # noqa: BLE001 - a size the model does not take (the first size raises on)
+            if size == 1:
+                raise
+            logger.debug("set_float16's range check: dynamic dims of %d do not run (%s)", size, exc)
+            continue
+        for var, value in zip(watched, list(outputs)[1:]):
+            array = value.numpy()
+            finite = np.abs(array[np.isfinite(array)])
+            ranges[var.name] = max(ranges.get(var.name, 0.0), float(finite.max()) if finite.size else 0.0)
     return ranges
 
 

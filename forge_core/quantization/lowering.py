@@ -58,6 +58,7 @@ with the lower bound first, so NaN requantizes to 0, as ONNX's
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -384,6 +385,50 @@ def lower_to_integer(mod: tvm.IRModule, func_name: str = "main", data_dtype: str
     logger.info("integer lowering: %d quantized operator(s) computed as %s x int8 -> int32, %d grouped "
                 "convolution(s) reading %s", lowering.lowered, data_dtype, lowering.grouped, data_dtype)
     return updated
+
+
+INT8_LOWERING_ENV = "FORGE_INT8_LOWERING"
+"""``auto`` (default): integer kernels where the CPU target has a byte dot product, else float32;
+``integer``: integer kernels on every target (bit-exact integer sums, slower than float32 without a dot
+product); ``float``: float32 everywhere."""
+
+
+def int8_lowering() -> str:
+    """What ``FORGE_INT8_LOWERING`` asks: ``"auto"``, ``"integer"`` or ``"float"``."""
+    from forge_core.errors import OptionError
+
+    value = os.environ.get(INT8_LOWERING_ENV, "auto").strip().lower() or "auto"
+    if value not in ("auto", "integer", "float"):
+        raise OptionError(f"{INT8_LOWERING_ENV} must be auto, integer or float, given {value!r}")
+    return value
+
+
+def float_quantized(mod: tvm.IRModule, target: tvm.target.Target | None, func_name: str = "main",
+                    reason: str | None = None) -> tvm.IRModule:
+    """``mod`` with its QDQ operators left to compute in float, each weight dequantized once: for a CPU target
+    with no byte dot product, or where ``reason`` says it was asked; the compile log says so when the module
+    holds quantized operators.
+
+    The activations are still quantized and dequantized where the model says (the same numbers as the
+    fake-quantized reference); only the multiply-adds run in float32.
+    """
+    func = mod[func_name]
+    if not isinstance(func, relax.Function) or not any(
+            _op_name(b.value) == "relax.dequantize" for block in func.body.blocks for b in block.bindings):
+        return mod
+    if reason is not None:
+        logger.info("int8: the quantized operators compute in float32 from their dequantized weights, as %s=float "
+                    "asks", INT8_LOWERING_ENV)
+        return _fold_weights(mod, func_name)
+    attrs = getattr(target, "attrs", None)
+    cpu = str(attrs.get("mcpu", "")) if attrs is not None else ""
+    logger.warning(
+        "int8: the target (%s) has no byte dot product (x86 AVX-512 VNNI or AVX-VNNI, Arm +dotprod), where "
+        "integer kernels run slower than float32; the quantized operators compute in float32 from their "
+        "dequantized weights (the fake-quantized reference's numbers). Compile for such a CPU for integer "
+        "kernels: -mcpu=alderlake, znver4, cascadelake, or an Arm core with +dotprod (%s=integer forces integer "
+        "kernels).", cpu or "llvm", INT8_LOWERING_ENV)
+    return _fold_weights(mod, func_name)
 
 
 def _fold_weights(mod: tvm.IRModule, func_name: str) -> tvm.IRModule:

@@ -232,12 +232,13 @@ def check_inputs(specs: Sequence[TensorSpec], arrays: Sequence[Any]) -> list[np.
     return checked
 
 
-def random_inputs(specs: Sequence[TensorSpec], seed: int = 0) -> list[np.ndarray]:
-    """Random arrays matching ``specs`` (dynamic dimensions set to 1): normal floats, integers 0 or 1."""
+def random_inputs(specs: Sequence[TensorSpec], seed: int = 0, dynamic_size: int = 1) -> list[np.ndarray]:
+    """Random arrays matching ``specs`` (dynamic dimensions set to ``dynamic_size``): normal floats, integers 0
+    or 1."""
     rng = np.random.default_rng(seed)
     arrays = []
     for spec in specs:
-        shape = tuple(1 if d == DYNAMIC_DIM else d for d in (spec.shape or ()))
+        shape = tuple(dynamic_size if d == DYNAMIC_DIM else d for d in (spec.shape or ()))
         if np.issubdtype(np.dtype(spec.dtype), np.floating):
             arrays.append(rng.standard_normal(shape).astype(spec.dtype))
         elif spec.dtype == "bool":
