@@ -146,7 +146,8 @@ def test_dynamic_dims_are_checked_at_a_length_where_values_grow(tmp_path, caplog
     assert max(ranges.values()) > float16_range.LIMIT, ranges  # at n = 1 alone it stayed near 1e3
     with caplog.at_level(logging.INFO, logger="forge.compile"):
         ir.compile(output_path=str(tmp_path / "f16"), set_float16=True)
-    assert any("stay in float32" in r.getMessage() and "head" in r.getMessage() for r in caplog.records)
+    # the model's output binding (the head's product, 2.6e4 at n = 32) is kept: named gv once it is the output
+    assert any("1 operator stay in float32" in r.getMessage() for r in caplog.records), caplog.records
     x = np.abs(np.random.default_rng(3).standard_normal((1, 32, 8))).astype("float32")
     got = forge.Runtime(str(tmp_path / "f16")).infer(x)[0]
     want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]

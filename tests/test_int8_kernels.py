@@ -787,12 +787,15 @@ def test_folded_requantize_epilogue_gives_the_same_bytes(activation):
 # ----------------------------------------------------------------------
 
 
-def _ort_qdq_conv_net(tmp_path):
+@pytest.fixture(scope="module")
+def ort_qdq_conv_net(tmp_path_factory):
+    """onnxruntime's QDQ model (uint8 activations) of a conv net, and an input it was not calibrated on."""
     from model_factory import conv_bn_net
 
     rng = np.random.default_rng(3)
     samples = [{"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)} for _ in range(5)]
-    return onnxruntime_quantized(conv_bn_net(seed=2, channels=16), samples[:4], tmp_path, "QUInt8"), samples[4]
+    folder = tmp_path_factory.mktemp("qdq_conv_net")
+    return onnxruntime_quantized(conv_bn_net(seed=2, channels=16), samples[:4], folder, "QUInt8"), samples[4]
 
 
 def _integer_convolutions(mod) -> int:
@@ -807,42 +810,43 @@ def _integer_convolutions(mod) -> int:
 
 
 @pytest.mark.parametrize("target, integer", [
-    ("llvm -mcpu=x86-64-v3", False),     # AVX2 + FMA: int32 multiply-adds would be slower than float32
-    ("llvm -mcpu=znver1", False),
-    ("llvm -mcpu=skylake-avx512", False),  # AVX-512 without VNNI
-    ("raspberry-pi/4", False),           # Cortex-A72: no +dotprod
-    ("llvm -mcpu=alderlake", True),      # AVX-VNNI
-    ("llvm -mcpu=znver4", True),         # AVX-512 VNNI
-    ("raspberry-pi/5", True),            # Cortex-A76: +dotprod
+    ("llvm -mcpu=x86-64-v3", None),      # AVX2 + FMA: int32 multiply-adds would be slower than float32
+    ("llvm -mcpu=znver1", None),
+    ("llvm -mcpu=skylake-avx512", None),  # AVX-512 without VNNI
+    ("raspberry-pi/4", None),            # Cortex-A72: no +dotprod
+    ("llvm -mcpu=alderlake", 3),         # AVX-VNNI
+    ("llvm -mcpu=znver4", 3),            # AVX-512 VNNI
+    ("raspberry-pi/5", 0),               # Cortex-A76: +dotprod (sdot reads int8: these uint8 activations stay float)
 ])
-def test_integer_kernels_only_where_the_cpu_has_a_byte_dot_product(tmp_path, caplog, monkeypatch, target, integer):
+def test_integer_kernels_only_where_the_cpu_has_a_byte_dot_product(ort_qdq_conv_net, caplog, monkeypatch, target,
+                                                                   integer):
     import logging
 
     monkeypatch.setenv("FORGE_INT8_LOWERING", "auto")
     from forge_core.ir import weights
     from forge_core.passes import PassContext, run_passes
 
-    path, _ = _ort_qdq_conv_net(tmp_path)
+    path, _ = ort_qdq_conv_net
     ir = forge.from_onnx(str(path))
     mod = weights.bind_params(ir.mod, ir.params)
     with caplog.at_level(logging.WARNING, logger="forge.quantization"):
         lowered = run_passes(mod, ["lower_quantized"], PassContext(target=resolve_target(target)))
     said = [r.getMessage() for r in caplog.records if "no byte dot product" in r.getMessage()]
-    if integer:
-        assert _integer_convolutions(lowered) == 3 and not said
+    if integer is not None:
+        assert _integer_convolutions(lowered) == integer and not said
     else:
         assert _integer_convolutions(lowered) == 0
         assert len(said) == 1 and "compute in float32" in said[0] and "-mcpu=alderlake" in said[0], said
 
 
 @pytest.mark.parametrize("opt_level", [1, 3])
-def test_an_avx2_target_computes_quantized_models_in_float_with_onnxruntimes_numbers(tmp_path, monkeypatch,
-                                                                                     opt_level):
+def test_an_avx2_target_computes_quantized_models_in_float_with_onnxruntimes_numbers(ort_qdq_conv_net, tmp_path,
+                                                                                     monkeypatch, opt_level):
     monkeypatch.setenv("FORGE_INT8_LOWERING", "auto")
     target = resolve_target("llvm -mcpu=x86-64-v3")
     if not can_run(target):
         pytest.skip("this CPU cannot run x86-64-v3 (AVX2) code")
-    path, sample = _ort_qdq_conv_net(tmp_path)
+    path, sample = ort_qdq_conv_net
     forge.from_onnx(str(path)).compile(target="llvm -mcpu=x86-64-v3", output_path=str(tmp_path / "q"),
                                        opt_level=opt_level)
     got = forge.Runtime(str(tmp_path / "q")).infer(sample["x"])[0]
@@ -853,12 +857,13 @@ def test_an_avx2_target_computes_quantized_models_in_float_with_onnxruntimes_num
 
 
 @pytest.mark.parametrize("choice, integer", [("float", 0), ("integer", 3)])
-def test_the_environment_chooses_integer_or_float_kernels_on_any_target(tmp_path, monkeypatch, choice, integer):
+def test_the_environment_chooses_integer_or_float_kernels_on_any_target(ort_qdq_conv_net, monkeypatch, choice,
+                                                                          integer):
     from forge_core.ir import weights
     from forge_core.passes import PassContext, run_passes
 
     monkeypatch.setenv("FORGE_INT8_LOWERING", choice)
-    path, _ = _ort_qdq_conv_net(tmp_path)
+    path, _ = ort_qdq_conv_net
     ir = forge.from_onnx(str(path))
     mod = weights.bind_params(ir.mod, ir.params)
     for target in ("llvm -mcpu=x86-64-v3", "llvm -mcpu=znver4"):

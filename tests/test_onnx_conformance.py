@@ -1,14 +1,12 @@
 """ONNX's backend test suite through Forge: every case on the checked-in passing list must still pass.
 
 The list (plugins/forge_onnx/forge_onnx/conformance/passing_cases.txt) only
-grows: a listed case that fails is a regression; a case that newly passes is
-reported (a warning and the test log) so that the list gets updated with
-``python -m forge_onnx.conformance --backends forge --write-passing``.
+grows: a listed case that fails is a regression. Cases that newly pass are
+found by ``python -m forge_onnx.conformance --backends forge`` (it prints how
+the list would change) and added with ``--write-passing``.
 """
 
 from __future__ import annotations
-
-import warnings
 
 import pytest
 
@@ -32,13 +30,10 @@ def test_the_whole_suite_keeps_every_listed_case_passing(monkeypatch):
     cases = all_cases()
     listed = read_passing()
     assert listed <= set(cases), sorted(listed - set(cases))[:10]
-    results = run_cases("forge", sorted(cases), jobs=2)
+    # The listed cases only: the others fail (455 cases, 53 s of 2 cores); which of them newly pass is what
+    # `python -m forge_onnx.conformance --backends forge` reports when the list is updated.
+    results = run_cases("forge", sorted(listed), jobs=2)
     passing = {case for case, result in results.items() if result.status == "pass"}
-    newly = sorted(passing - listed)
-    if newly:
-        message = f"{len(newly)} suite cases pass that the list lacks; add them: {', '.join(newly[:30])}"
-        print(message)
-        warnings.warn(message, stacklevel=1)
     regressed = {case: f"{results[case].status}: {results[case].error}" for case in sorted(listed - passing)}
     assert not regressed, regressed
 
