@@ -29,14 +29,6 @@ import forge  # noqa: E402
 pytestmark = pytest.mark.corpus
 
 
-@pytest.fixture(autouse=True)
-def without_verification_mode(monkeypatch):
-    """Every case is compared end to end with Keras's own outputs, so a schedule that computes wrong fails it without
-    verification mode, which would double each compile (schedules are verified by the fuzzer and the schedule
-    tests). The corpus checks the importers."""
-    monkeypatch.delenv("FORGE_VERIFY", raising=False)
-
-
 
 @dataclass(frozen=True)
 class Family:
