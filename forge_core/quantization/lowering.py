@@ -362,16 +362,22 @@ def _operands(expr: relax.Expr) -> list[relax.Expr]:
     return [expr] if isinstance(expr, relax.Var) else []
 
 
+def _quantized(mod: tvm.IRModule, func_name: str) -> bool:
+    """Whether ``func_name`` is a Relax function holding a ``dequantize`` (a QDQ operator to lower)."""
+    func = mod[func_name]
+    return isinstance(func, relax.Function) and any(
+        _op_name(b.value) == "relax.dequantize" for block in func.body.blocks for b in block.bindings)
+
+
 def lower_to_integer(mod: tvm.IRModule, func_name: str = "main", data_dtype: str = "uint8") -> tvm.IRModule:
     """``mod`` with ``func_name``'s QDQ convolutions and dense layers computed in integers (see the module doc).
 
     ``data_dtype`` is the activations' dtype in the integer operators: ``"uint8"`` (x86 VNNI's unsigned
     operand; int8 activations move to it) or ``"int8"`` (Arm's ``sdot``; uint8 activations stay float).
     """
-    func = mod[func_name]
-    if not isinstance(func, relax.Function) or not any(
-            _op_name(b.value) == "relax.dequantize" for block in func.body.blocks for b in block.bindings):
+    if not _quantized(mod, func_name):
         return mod
+    func = mod[func_name]
     lowering = _Lowering(func, data_dtype)
     rewritten = rebind(mod, func_name, rewrite_call=lowering.rewrite())
     if lowering.lowered == 0 and lowering.grouped == 0:
@@ -412,9 +418,7 @@ def float_quantized(mod: tvm.IRModule, target: tvm.target.Target | None, func_na
     The activations are still quantized and dequantized where the model says (the same numbers as the
     fake-quantized reference); only the multiply-adds run in float32.
     """
-    func = mod[func_name]
-    if not isinstance(func, relax.Function) or not any(
-            _op_name(b.value) == "relax.dequantize" for block in func.body.blocks for b in block.bindings):
+    if not _quantized(mod, func_name):
         return mod
     if reason is not None:
         logger.info("int8: the quantized operators compute in float32 from their dequantized weights, as %s=float "
