@@ -192,6 +192,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_said_once)
     try:
         return int(args.handler(args))
     except KeyboardInterrupt:
@@ -202,6 +204,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         commands.err.print(f"forge: error: {error_message(exc)}", markup=False, highlight=False)
         return 1
+
+
+def _said_once(record: logging.LogRecord) -> bool:
+    """One command says a thing once: a warning logged by each of its compiles (the quantization report's and
+    the artifact's) reaches the terminal the first time only."""
+    key = (record.name, record.levelno, record.getMessage())
+    if key in _SAID:
+        return False
+    _SAID.add(key)
+    return True
+
+
+_SAID: set[tuple[str, int, str]] = set()
 
 
 def error_message(exc: BaseException) -> str:
