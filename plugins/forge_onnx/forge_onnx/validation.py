@@ -68,8 +68,10 @@ _FLAGS = frozenset({
 differently (onnxruntime's ReduceMean takes keepdims=2 as 0, TVM as 1)."""
 _ELEM_TYPE_ATTRS = frozenset({"to", "dtype", "output_dtype"})
 """INT attributes of ONNX's operators that hold an element type (Cast's ``to``...)."""
-_NON_FINITE_ALLOWED = {"Constant": None, "Clip": {"min", "max"}, "Pad": {"value"}}
-"""FLOAT attributes that may be infinite or NaN (a Constant's value, Clip's bounds, Pad's value); every other
+_NON_FINITE_ALLOWED = {"Constant": None, "Clip": {"min", "max"}, "Pad": {"value"},
+                       "Imputer": {"replaced_value_float", "imputed_value_floats"}}
+"""FLOAT attributes that may be infinite or NaN (a Constant's value, Clip's bounds, Pad's value, the value an
+Imputer replaces: NaN for a missing value, as scikit-learn's SimpleImputer exports); every other
 must be finite: runtimes differ on an Elu of alpha=inf (onnxruntime: inf * (exp(x) - 1) where x < 0; TVM: NaN
 everywhere)."""
 
@@ -389,9 +391,10 @@ def _opsets(model: onnx.ModelProto, source: str) -> dict[str, int]:
     for entry in model.opset_import:
         domain = _domain(entry.domain)
         shown = repr(entry.domain)
-        if domain in opsets:
-            raise InvalidModelError(f"{source}: opset_import lists the domain {shown} twice "
-                                    f"(versions {opsets[domain]} and {entry.version})")
+        if domain in opsets and opsets[domain] != entry.version:
+            # onnx.checker and onnxruntime accept it and read the last entry (skl2onnx writes the domain '' twice)
+            logger.warning("%s: opset_import lists the domain %s twice (versions %d and %d); the last applies, as "
+                           "onnx.checker and onnxruntime read it", source, shown, opsets[domain], entry.version)
         if entry.version < 1:
             raise InvalidModelError(f"{source}: opset_import gives the domain {shown} version {entry.version}; "
                                     "opset versions start at 1")

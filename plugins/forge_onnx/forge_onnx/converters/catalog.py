@@ -12,6 +12,7 @@ from forge_onnx.converters import (
     elementwise,
     losses,
     microsoft,
+    ml,
     normalization,
     quantized,
     ranges,
@@ -43,6 +44,8 @@ def all_converters() -> dict[tuple[str, str], Callable[..., Any]]:
             add("", op_type, convert)
     for op_type, convert in microsoft.CONVERTERS.items():
         add(microsoft.DOMAIN, op_type, convert)
+    for op_type, convert in ml.CONVERTERS.items():
+        add(ml.DOMAIN, op_type, convert)
     for op_type, convert in microsoft.DEFAULT_DOMAIN_CONVERTERS.items():
         add("", op_type, convert)
     return table
