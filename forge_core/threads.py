@@ -9,6 +9,13 @@ the artifact asks for (:func:`configure_threads`).
 Order of precedence: ``FORGE_NUM_THREADS``; ``TVM_NUM_THREADS``; the
 ``num-cores`` the artifact was compiled for (a tag's), capped at the cores
 this process may use; the cores this process may use.
+
+Threads are not pinned to cores unless ``TVM_BIND_THREADS=1`` asks, as
+onnxruntime and PyTorch leave them. TVM pins by default, and a pool of one
+thread pins the calling thread itself to core 0, for good: every process that
+ran with ``FORGE_NUM_THREADS=1`` then shared one core, whatever else the
+machine had (measured: two such processes on 2 cores ran at one core's speed,
+and so did all the work of the process after its first inference).
 """
 
 from __future__ import annotations
@@ -34,9 +41,14 @@ def default_thread_count() -> int:
     return int(value) if value else available_cores()
 
 
+BIND_ENV = "TVM_BIND_THREADS"
+
+
 def set_thread_environment() -> None:
-    """Before TVM's pool starts: ``TVM_NUM_THREADS`` from ``FORGE_NUM_THREADS``, else every core."""
+    """Before TVM's pool starts: ``TVM_NUM_THREADS`` from ``FORGE_NUM_THREADS``, else every core; threads
+    unpinned unless ``TVM_BIND_THREADS`` says otherwise."""
     global _chosen_by_forge
+    os.environ.setdefault(BIND_ENV, "0")
     if os.environ.get(THREADS_ENV):
         os.environ["TVM_NUM_THREADS"] = os.environ[THREADS_ENV]
     elif not os.environ.get("TVM_NUM_THREADS"):

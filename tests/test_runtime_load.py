@@ -216,3 +216,23 @@ def test_fifty_runtimes_loaded_and_dropped_leak_nothing(tmp_path):
         assert sample["threads"] <= rounds[0]["threads"], (rounds[0], sample)
     growth_kib = rounds[-1]["rss_kib"] - rounds[0]["rss_kib"]
     assert growth_kib < 1024, f"resident size grew {growth_kib} KiB over 100 loads after the first round"
+
+
+def test_a_one_thread_runtime_leaves_the_process_on_every_core(conv_net):
+    """TVM pins a one-thread pool's calling thread to core 0 for good: several FORGE_NUM_THREADS=1 processes
+    then share one core. Forge leaves threads unpinned unless TVM_BIND_THREADS=1 asks."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("this machine gives the process one core: nothing to lose")
+    _, artifact, _ = conv_net
+    script = (
+        "import os, sys, numpy as np\n"
+        "from forge_core.runtime import Runtime\n"
+        "before = sorted(os.sched_getaffinity(0))\n"
+        "runtime = Runtime(sys.argv[1])\n"
+        "runtime.infer(np.zeros(runtime.input_shapes[0], runtime.input_dtypes[0]))\n"
+        "print(before == sorted(os.sched_getaffinity(0)), before, sorted(os.sched_getaffinity(0)))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TVM_BIND_THREADS"}
+    result = subprocess.run([sys.executable, "-c", script, str(artifact)], capture_output=True,
+                            text=True, env={**env, "FORGE_NUM_THREADS": "1"}, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("True"), result.stdout
