@@ -17,14 +17,15 @@ against, including where onnxruntime departs from the operator spec (the compile
   is the probabilities tensor ``(N, classes)``, its columns in the order of the labels (the compile log names
   them). Class labels given as strings make the label output the class index, as the log says.
 
-Not supported (an error naming the node): string inputs, ``SVMClassifier``/``SVMRegressor``, the opset-5
-``TreeEnsemble``, and the combinations where onnxruntime leaves a probability column unwritten.
+Not converted: string inputs (an error naming the node), ``SVMClassifier``/``SVMRegressor`` and the opset-5
+``TreeEnsemble`` (the importer's unsupported-operator error), and the combinations where onnxruntime leaves a
+probability column unwritten (an error saying so).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -625,15 +626,6 @@ def zip_map(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], co
                    "that order; onnxruntime returns one {label: probability} map a row", context.node, len(labels),
                    labels)
     return inputs[0]
-
-
-def _unsupported(name: str, why: str) -> Callable[..., relax.Expr]:
-    def convert(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
-                context: ConverterContext) -> relax.Expr:
-        raise ModelImportError(f"{name} {context.node!r}: {why}")
-
-    convert.__doc__ = f"{name}: not supported ({why})."
-    return convert
 
 
 CONVERTERS = {
