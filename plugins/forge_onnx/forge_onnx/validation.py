@@ -392,9 +392,10 @@ def _opsets(model: onnx.ModelProto, source: str) -> dict[str, int]:
         domain = _domain(entry.domain)
         shown = repr(entry.domain)
         if domain in opsets and opsets[domain] != entry.version:
-            # onnx.checker and onnxruntime accept it and read the last entry (skl2onnx writes the domain '' twice)
-            logger.warning("%s: opset_import lists the domain %s twice (versions %d and %d); the last applies, as "
-                           "onnx.checker and onnxruntime read it", source, shown, opsets[domain], entry.version)
+            # The same version twice is accepted (skl2onnx writes the domain '' twice at one version); two versions
+            # are ambiguous (onnxruntime reads the last, and rejects old ones such a listing can bring in).
+            raise InvalidModelError(f"{source}: opset_import lists the domain {shown} twice "
+                                    f"(versions {opsets[domain]} and {entry.version})")
         if entry.version < 1:
             raise InvalidModelError(f"{source}: opset_import gives the domain {shown} version {entry.version}; "
                                     "opset versions start at 1")
