@@ -63,3 +63,10 @@ class ConverterContext:
         convert = _get_convert_map()[op_type].get_converter(self.opset)
         given = self.raw_attrs if attrs is None else {**attrs, "tvm_custom": self.raw_attrs.get("tvm_custom", {})}
         return convert(self.importer.bb, inputs, given, [self.importer._nodes, self.importer._params])
+
+
+def attr_text(value: Any, default: str = "") -> str:
+    """A string attribute as a ``str`` (TVM's importer gives bytes), ``default`` when absent."""
+    if value is None:
+        return default
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -17,15 +17,9 @@ import numpy as np
 from tvm import relax
 
 from forge_core.errors import InvalidModelError, ModelImportError
-from forge_onnx.converters import ConverterContext
+from forge_onnx.converters import ConverterContext, attr_text
 
 DOMAIN = "com.microsoft"
-
-
-def _text(value: Any, default: str) -> str:
-    if value is None:
-        return default
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _activation(x: relax.Expr, name: str, params: list[float], node: str) -> relax.Expr:
@@ -62,7 +56,7 @@ def fused_conv(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
     y = bb.normalize(context.tvm_convert("Conv", conv_inputs, conv_attrs))
     if len(inputs) > 3 and inputs[3] is not None:
         y = bb.normalize(relax.op.add(y, inputs[3]))
-    name = _text(attrs.get("activation"), "")
+    name = attr_text(attrs.get("activation"), "")
     if not name:
         return y
     return _activation(y, name, [float(p) for p in attrs.get("activation_params", [])], context.node)

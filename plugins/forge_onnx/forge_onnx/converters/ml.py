@@ -33,7 +33,7 @@ import tvm
 from tvm import relax
 
 from forge_core.errors import InvalidModelError, ModelImportError
-from forge_onnx.converters import ConverterContext
+from forge_onnx.converters import ConverterContext, attr_text
 
 DOMAIN = "ai.onnx.ml"
 logger = logging.getLogger("forge.onnx")
@@ -41,14 +41,8 @@ logger = logging.getLogger("forge.onnx")
 _TRANSFORMS = ("NONE", "LOGISTIC", "SOFTMAX", "SOFTMAX_ZERO", "PROBIT")
 
 
-def _text(value: Any, default: str = "") -> str:
-    if value is None:
-        return default
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _texts(values: Any) -> list[str]:
-    return [_text(v) for v in (values or [])]
+    return [attr_text(v) for v in (values or [])]
 
 
 def _floats(attrs: dict[str, Any], name: str) -> np.ndarray:
@@ -98,7 +92,7 @@ def _features(x: relax.Expr, op: str, node: str, allowed: Sequence[str]) -> rela
 
 
 def _post_transform(attrs: dict[str, Any], op: str, node: str) -> str:
-    name = _text(attrs.get("post_transform"), "NONE")
+    name = attr_text(attrs.get("post_transform"), "NONE")
     if name not in _TRANSFORMS:
         raise InvalidModelError(f"{op} {node!r}: post_transform {name!r} is not one of {', '.join(_TRANSFORMS)}")
     return name
@@ -158,15 +152,15 @@ def _first_max(s: relax.Expr) -> relax.Expr:
     return relax.op.argmax(relax.op.where(relax.op.isnan(s), _const(-np.inf, _dtype(s)), s), axis=-1)
 
 
-def _labels(attrs: dict[str, Any], op: str, node: str, prefix: str) -> tuple[np.ndarray, list[str]]:
-    """The class labels as int64 (string labels: their indices, and the strings)."""
+def _labels(attrs: dict[str, Any], op: str, node: str, prefix: str) -> np.ndarray:
+    """The class labels as int64 (string labels: their indices)."""
     strings = _texts(attrs.get(f"{prefix}_strings"))
     if strings:
         logger.warning("%s %r: its class labels are strings %s; Forge computes tensors of numbers, so the label "
                        "output holds each label's index in that list", op, node, strings)
-        return np.arange(len(strings), dtype=np.int64), strings
+        return np.arange(len(strings), dtype=np.int64)
     key = f"{prefix}_ints" if f"{prefix}_ints" in attrs else f"{prefix}_int64s"
-    return _ints(attrs, key), []
+    return _ints(attrs, key)
 
 
 def _label_of(index: relax.Expr, labels: np.ndarray) -> relax.Expr:
@@ -196,7 +190,7 @@ def linear_classifier(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str
     intercepts = _floats(attrs, "intercepts")
     classes = intercepts.size
     transform = _post_transform(attrs, op, node)
-    labels, _ = _labels(attrs, op, node, "classlabels")
+    labels = _labels(attrs, op, node, "classlabels")
     scores = bb.normalize(relax.op.add(_linear_scores(x, attrs, classes, op, node), _const(intercepts, "float32")))
     if classes >= 2:
         if labels.size < classes:
@@ -374,6 +368,11 @@ class _Forest:
         return weights, scored
 
 
+def _scored_by_any_tree(scored: relax.Expr) -> relax.Expr:
+    """``(rows, trees, columns)`` -> ``(rows, columns)``: whether any reached leaf has a weight for the column."""
+    return relax.op.greater(relax.op.max(relax.op.astype(scored, "int32"), axis=[1]), _const(0, "int32"))
+
+
 def _tree_input(bb: relax.BlockBuilder, x: relax.Expr, op: str, node: str,
                 allowed: Sequence[str]) -> tuple[relax.Expr, str]:
     """The features compared with the thresholds: float32 (integers rounded to it), float64 for float64."""
@@ -390,7 +389,7 @@ def tree_ensemble_regressor(bb: relax.BlockBuilder, inputs: list[Any], attrs: di
     targets = int(attrs.get("n_targets", 0))
     if targets <= 0:
         raise InvalidModelError(f"{op} {node!r}: n_targets must be positive, given {targets}")
-    aggregate = _text(attrs.get("aggregate_function"), "SUM")
+    aggregate = attr_text(attrs.get("aggregate_function"), "SUM")
     if aggregate not in ("SUM", "AVERAGE", "MIN", "MAX"):
         raise InvalidModelError(f"{op} {node!r}: aggregate_function {aggregate!r} is not SUM, AVERAGE, MIN or MAX")
     transform = _post_transform(attrs, op, node)
@@ -415,7 +414,7 @@ def tree_ensemble_regressor(bb: relax.BlockBuilder, inputs: list[Any], attrs: di
         return _single_score_transform(y, transform, op, node)
     if base.size == targets:
         y = relax.op.add(y, _const(base, dtype))
-    has = relax.op.greater(relax.op.max(relax.op.astype(scored, "int32"), axis=[1]), _const(0, "int32"))
+    has = _scored_by_any_tree(scored)
     y = relax.op.where(has, y, _const(0.0, dtype))  # a target no reached leaf scored is 0, base value included
     y = relax.op.astype(y, "float32") if dtype != "float32" else y
     return _transform(y, transform)
@@ -430,15 +429,14 @@ def tree_ensemble_classifier(bb: relax.BlockBuilder, inputs: list[Any], attrs: d
     transform = _post_transform(attrs, op, node)
     if attrs.get("base_values_as_tensor") is not None:
         raise ModelImportError(f"{op} {node!r}: base_values_as_tensor (float64 base values) is not supported")
-    labels, _ = _labels(attrs, op, node, "classlabels")
+    labels = _labels(attrs, op, node, "classlabels")
     classes = labels.size
     if classes < 2:
         raise ModelImportError(f"{op} {node!r}: {classes} class label(s); a classifier needs two or more")
     forest = _Forest(attrs, "class", classes, op, node)
     weights, scored = forest.gathered(bb, forest.leaves(bb, x, dtype), dtype)
     sums = bb.normalize(relax.op.sum(weights, axis=[1]))
-    has = bb.normalize(relax.op.greater(relax.op.max(relax.op.astype(scored, "int32"), axis=[1]),
-                                        _const(0, "int32")))
+    has = bb.normalize(_scored_by_any_tree(scored))
     base = _floats(attrs, "base_values")
 
     def column(values: relax.Expr, c: int) -> relax.Expr:
@@ -546,7 +544,7 @@ def normalizer(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
     """Normalizer: each row divided by its (signed) MAX, its L1 norm, or L2 as ``sign(x) sqrt(x^2 / sum x^2)``;
     a row whose divisor is 0 is kept."""
     op, node = "Normalizer", context.node
-    norm = _text(attrs.get("norm"), "MAX")
+    norm = attr_text(attrs.get("norm"), "MAX")
     x = inputs[0]
     if x.ty.ndim not in (1, 2):
         raise ModelImportError(f"{op} {node!r}: expected rank 1 or 2, given rank {x.ty.ndim}")
