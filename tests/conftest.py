@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 # Verification mode for every model the suite compiles, in this process and in the
 # subprocesses it starts: each scheduled function is checked against its unscheduled form.
-os.environ["FORGE_VERIFY"] = "1"
+os.environ.setdefault("FORGE_VERIFY", "1")  # FORGE_VERIFY=0 runs the suite without it
 # A function verified once is remembered for the whole run, by both workers and the subprocesses they start.
 os.environ.setdefault("FORGE_VERIFY_CACHE", os.path.join(
     tempfile.gettempdir(), f"forge-verify-{os.environ.get('PYTEST_XDIST_TESTRUNUID', os.getpid())}"))

@@ -55,8 +55,10 @@ def build_inference_function(mod: tvm.IRModule | Any, target: tvm.target.Target,
     if isinstance(mod, tvm.IRModule):
         from forge_core.compiler.c_names import plain_names
         from forge_core.compiler.external import run_external_codegens
+        from forge_core.compiler.legal_layouts import legal_layouts
         from forge_core.quantization.expand import expand_quantize
 
         logger.debug("building inference function for %s", target)
-        mod = tvm.compile(plain_names(expand_quantize(run_external_codegens(mod))), target=target)
+        mod = tvm.compile(plain_names(legal_layouts(expand_quantize(run_external_codegens(mod)))),
+                          target=target)
     return InferenceFunction(mod, device, inputs, outputs)

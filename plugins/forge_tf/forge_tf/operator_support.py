@@ -13,10 +13,13 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import numpy as np
+
 from tflite.BuiltinOperator import BuiltinOperator
 from tvm.relax.frontend.tflite.tflite_frontend import ExprTable, OperatorConverter
 
 from forge_core.errors import OperatorConversionError, UnsupportedOperatorError
+from forge_tf.hybrid import HYBRID_OPS, is_hybrid_op
 from forge_tf.tflite_model import TFLiteModel, tensor_name
 
 _BUILTIN_NAMES = {value: name for name, value in vars(BuiltinOperator).items() if isinstance(value, int)}
@@ -52,8 +55,27 @@ def _example_name(subgraph: Any, op: Any, index: int) -> str:
     return f"operator {index}"
 
 
+# Ops that only move values: on quantized tensors whose output has its input's scale and zero point, TVM's float
+# converter moves the integers exactly (the converter writes an int8 embedding table as GATHER + DEQUANTIZE).
+MOVES_QUANTIZED_VALUES = frozenset({"GATHER"})
+
+
+def _same_quantization(source: Any, outputs: list[Any]) -> bool:
+    def params(wrapper: Any) -> tuple[Any, ...] | None:
+        q = wrapper.qnn_params
+        if q is None:
+            return None
+        return (wrapper.tensor.Type(), tuple(np.ravel(q["scale"].value.numpy())),
+                tuple(np.ravel(q["zero_point"].value.numpy())))
+
+    want = params(source)
+    return want is not None and len(outputs) == 1 and params(outputs[0]) == want
+
+
 def _quantization_issue(converter: OperatorConverter, op: Any, code: str) -> str | None:
     """Why TVM rejects a supported op on quantized tensors, as TVM's own check decides, or None."""
+    if is_hybrid_op(converter.model, converter.subgraph, op, code):
+        return None  # its int8 weights are read as floats (forge_tf.hybrid)
     inputs = converter.get_input_tensors(op)
     outputs = converter.get_output_tensors(op)
     quantized_in = sum(1 for t in inputs[:1] if t.qnn_params is not None)
@@ -62,6 +84,8 @@ def _quantization_issue(converter: OperatorConverter, op: Any, code: str) -> str
     if quantized_in == 0 and quantized_out == 0 and quantized_weights > 0:
         return "dynamic-range quantized"
     if quantized_in + quantized_weights + quantized_out > 0 and code not in OperatorConverter._SUPPORTED_QUANTIZED_OPS:
+        if code in MOVES_QUANTIZED_VALUES and _same_quantization(inputs[0], outputs):
+            return None
         return "quantized"
     return None
 
@@ -99,6 +123,7 @@ def check_operators(tflite_model: TFLiteModel, frontend: str = "tflite") -> None
         if any(key.startswith("Flex") for key in counts):
             notes.append(FLEX_NOTE)
         if any("(dynamic-range quantized)" in key for key in counts):
-            notes.append("Dynamic-range quantized operators (float activations, int8 weights) are not supported; "
+            notes.append("Dynamic-range quantized operators (float activations, int8 weights) are supported in "
+                         f"{', '.join(sorted(HYBRID_OPS))} only; convert without dynamic-range quantization, or "
                          "use full-integer quantization with a representative dataset.")
         raise UnsupportedOperatorError(frontend, {k: (n, examples[k]) for k, n in counts.items()}, "\n".join(notes))

@@ -22,13 +22,14 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 from tvm.relax.frontend.tflite import from_tflite
-from tvm.relax.frontend.tflite.tflite_frontend import OperatorConverter
+from tvm.relax.frontend.tflite.tflite_frontend import OperatorConverter, TensorWrapper
 
 from forge_core.errors import (
     ForgeError, InvalidModelError, ModelImportError, OperatorConversionError, UnsupportedOperatorError,
 )
 from forge_tf.console import captured_output
-from forge_tf.operator_support import operator_code
+from forge_tf.hybrid import FloatView, dequantized, hybrid_weights
+from forge_tf.operator_support import MOVES_QUANTIZED_VALUES, operator_code
 from forge_tf.signature import Dim
 from forge_tf.symbolic_shapes import SymbolicShapes, symbolic_int_lists
 from forge_tf.tflite_model import TFLiteModel, tensor_name
@@ -47,15 +48,32 @@ class ForgeOperatorConverter(SymbolicShapes, OperatorConverter):
     computes something else, which TFLite's interpreter rejects.
     """
 
+    # GATHER moves int8 values exactly when its output keeps its input's scale and zero point, which
+    # forge_tf.operator_support.check_operators requires of it before conversion starts.
+    _SUPPORTED_QUANTIZED_OPS = OperatorConverter._SUPPORTED_QUANTIZED_OPS | MOVES_QUANTIZED_VALUES
+
     def __init__(self, model: Any, subgraph: Any, *args: Any, check_declared: bool = False, **kwargs: Any) -> None:
         super().__init__(model, subgraph, *args, **kwargs)
         self._init_symbolic_shapes()
         self._check_declared = check_declared
         self.convert_map = {code: self._named(code, convert) for code, convert in self.convert_map.items()}
+        codes = [operator_code(model, subgraph.Operators(i)) for i in range(subgraph.OperatorsLength())]
+        self._hybrid_weights = hybrid_weights(model, subgraph, codes)
+
+    def get_tensors(self, tensors_idx_list: Any) -> list[Any]:
+        """TVM's, with the int8 weights of hybrid ops (:mod:`forge_tf.hybrid`) as the float tensors they
+        stand for."""
+        wrappers = super().get_tensors(tensors_idx_list)
+        if not self._hybrid_weights:
+            return wrappers
+        return [TensorWrapper(w.tensor_idx, FloatView(w.tensor), w.buffer, None)
+                if w.tensor_idx in self._hybrid_weights else w for w in wrappers]
 
     def get_tensor_value(self, tensor_wrapper: Any, is_sparse: bool = False) -> Any:
         """TVM's, with a clear error where a converter needs a value the model computes at run time."""
         tensor = tensor_wrapper.tensor
+        if isinstance(tensor, FloatView) and not is_sparse:
+            return dequantized(self.model, tensor._tensor)
         if tensor_wrapper.buffer.DataLength() == 0 and tensor.ShapeLength() \
                 and int(np.prod(tensor.ShapeAsNumpy())) > 0:
             raise tvm.error.OpNotImplemented(
@@ -126,6 +144,33 @@ class ForgeOperatorConverter(SymbolicShapes, OperatorConverter):
             return out
         units = int(self.get_input_tensors(op)[1].tensor.ShapeAsNumpy()[0])
         return relax.op.reshape(out, [-1, units])
+
+    def convert_transpose_conv(self, op: Any) -> Any:
+        """TVM's TRANSPOSE_CONV, with its fused activation applied.
+
+        TVM's converter drops ``TransposeConvOptions.FusedActivationFunction``:
+        Keras's ``Conv2DTranspose(..., activation="relu")`` came out without its
+        ReLU, every negative output wrong.
+        """
+        from tflite.ActivationFunctionType import ActivationFunctionType
+        from tflite.TransposeConvOptions import TransposeConvOptions
+
+        out = super().convert_transpose_conv(op)
+        options = TransposeConvOptions()
+        options.Init(op.BuiltinOptions().Bytes, op.BuiltinOptions().Pos)
+        activation = options.FusedActivationFunction()
+        if activation == ActivationFunctionType.NONE:
+            return out
+        output = self.get_output_tensors(op)[0]
+        if output.qnn_params:
+            from tvm.relax.frontend.tflite.tflite_frontend import get_scalar_from_constant
+
+            return self.convert_qnn_fused_activation_function(
+                expr=out, fused_activation_fn=activation,
+                scale=get_scalar_from_constant(output.qnn_params["scale"]),
+                zero_point=get_scalar_from_constant(output.qnn_params["zero_point"]),
+                dtype=self.get_tensor_type_str(output.tensor.Type()))
+        return self.convert_fused_activation_function(out, activation)
 
     def _named(self, code: str, convert: Callable[..., Any]) -> Callable[..., Any]:
         symbolic = self.symbolic_converter(code)

@@ -68,10 +68,18 @@ class TFLiteModel:
 
     @property
     def is_quantized(self) -> bool:
-        """Whether the model computes on int8/uint8/int16 quantized tensors (full-integer quantization)."""
+        """Whether the model computes on int8/uint8/int16 quantized tensors (full-integer quantization);
+        int8 weights that only hybrid ops read (:mod:`forge_tf.hybrid`) are float weights stored small."""
+        from forge_tf.hybrid import hybrid_weights
+        from forge_tf.operator_support import operator_code
+
         for s in range(self.model.SubgraphsLength()):
             subgraph = self.model.Subgraphs(s)
+            codes = [operator_code(self.model, subgraph.Operators(i)) for i in range(subgraph.OperatorsLength())]
+            hybrid = hybrid_weights(self.model, subgraph, codes)
             for t in range(subgraph.TensorsLength()):
+                if t in hybrid:
+                    continue
                 tensor = subgraph.Tensors(t)
                 params = tensor.Quantization()
                 if tensor.Type() in _QUANTIZED_TYPES and params is not None and params.ScaleLength() > 0:
