@@ -179,3 +179,23 @@ def test_a_dynamic_range_int8_embedding_table_is_read_as_floats(tmp_path):
     assert_all_close(built, exact, rtol=1e-4, atol=1e-5)
     theirs = Interpreter(hybrid)(x)[0]
     assert np.abs(run[0] - theirs).max() <= 0.03 * np.abs(theirs).max()
+
+
+def test_full_int8_transpose_conv_keeps_its_fused_relu_bit_for_bit(tmp_path):
+    """The quantized TRANSPOSE_CONV's path, fused ReLU included. (Here the converter also gives the output
+    the ReLU's range, zero point -128, so the requantization's clamp alone computes it.)"""
+    from tf_models import quantized_tflite
+
+    rng = np.random.default_rng(6)
+    image = keras.Input((5, 5, 8), batch_size=1, name="image")
+    y = keras.layers.Conv2DTranspose(6, 3, strides=2, padding="valid", activation="relu")(image)
+    model = keras.Model(image, keras.layers.Conv2D(4, 1)(y))  # a consumer, so the ReLU is not at the end
+    for weight in model.weights:
+        weight.assign(rng.standard_normal(weight.shape).astype(np.float32) * 0.3)
+    data = quantized_tflite(model, "int8")
+    interpreter = Interpreter(data)
+    x = interpreter.quantize(rng.uniform(-1, 1, (1, 5, 5, 8)))
+    run, built, ir = forge_outputs(data, x, tmp_path)
+    assert ir.is_quantized
+    np.testing.assert_array_equal(run[0], interpreter(x)[0])
+    np.testing.assert_array_equal(built[0], interpreter(x)[0])
