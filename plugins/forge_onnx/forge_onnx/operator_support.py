@@ -71,7 +71,8 @@ def check_operators(model: onnx.ModelProto) -> None:
         )
         if "ai.onnx.ml" in domains:
             detail += (" ai.onnx.ml operators come from scikit-learn exports (skl2onnx, onnxmltools): Forge converts "
-                       "neural networks, not these; onnxruntime runs them.")
+                       "the linear models, tree ensembles and preprocessing ones (the README's ONNX-ML section), "
+                       "not these yet.")
         raise UnsupportedOperatorError(
             "onnx", {op: (count, examples[op]) for op, count in counts.items()}, detail
         )

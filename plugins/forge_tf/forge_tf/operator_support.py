@@ -19,6 +19,7 @@ from tflite.BuiltinOperator import BuiltinOperator
 from tvm.relax.frontend.tflite.tflite_frontend import ExprTable, OperatorConverter
 
 from forge_core.errors import OperatorConversionError, UnsupportedOperatorError
+from forge_tf.custom_ops import plugin_converters
 from forge_tf.hybrid import HYBRID_OPS, is_hybrid_op
 from forge_tf.tflite_model import TFLiteModel, tensor_name
 
@@ -93,6 +94,7 @@ def _quantization_issue(converter: OperatorConverter, op: Any, code: str) -> str
 def check_operators(tflite_model: TFLiteModel, frontend: str = "tflite") -> None:
     """Raise one :class:`UnsupportedOperatorError` listing every operator TVM's importer cannot convert."""
     model = tflite_model.model
+    supplied = plugin_converters()
     known: set[str] | None = None
     counts: Counter[str] = Counter()
     examples: dict[str, str] = {}
@@ -104,7 +106,7 @@ def check_operators(tflite_model: TFLiteModel, frontend: str = "tflite") -> None
         for index in range(subgraph.OperatorsLength()):
             op = subgraph.Operators(index)
             code = operator_code(model, op)
-            if code in _SUPPORTED_CUSTOM:
+            if code in _SUPPORTED_CUSTOM or code in supplied:
                 continue
             if code not in known:
                 key = code
@@ -122,6 +124,14 @@ def check_operators(tflite_model: TFLiteModel, frontend: str = "tflite") -> None
         notes = []
         if any(key.startswith("Flex") for key in counts):
             notes.append(FLEX_NOTE)
+        custom = sorted(key for key in counts if key not in _BUILTIN_NAMES.values() and " (" not in key
+                        and not key.startswith("Flex"))
+        if custom:
+            notes.append(f"Custom operators ({', '.join(custom)}) are the model's own, not TFLite builtins: a plugin "
+                         "can supply each, a package on the 'forge' entry-point group whose register_converters "
+                         "hook calls register(\"tflite\", custom_code, converter) (the README's Custom operators; "
+                         "examples/forge_mediapipe implements Convolution2DTransposeBias; `forge plugins` lists "
+                         "the installed ones).")
         if any("(dynamic-range quantized)" in key for key in counts):
             notes.append("Dynamic-range quantized operators (float activations, int8 weights) are supported in "
                          f"{', '.join(sorted(HYBRID_OPS))} only; convert without dynamic-range quantization, or "

@@ -28,6 +28,7 @@ from forge_core.errors import (
     ForgeError, InvalidModelError, ModelImportError, OperatorConversionError, UnsupportedOperatorError,
 )
 from forge_tf.console import captured_output
+from forge_tf.custom_ops import PluginConverterError, TFLiteConverterContext, call_plugin_converter, plugin_converters
 from forge_tf.hybrid import FloatView, dequantized, hybrid_weights
 from forge_tf.operator_support import MOVES_QUANTIZED_VALUES, operator_code
 from forge_tf.signature import Dim
@@ -56,9 +57,51 @@ class ForgeOperatorConverter(SymbolicShapes, OperatorConverter):
         super().__init__(model, subgraph, *args, **kwargs)
         self._init_symbolic_shapes()
         self._check_declared = check_declared
-        self.convert_map = {code: self._named(code, convert) for code, convert in self.convert_map.items()}
+        self._plugin_converters = plugin_converters()
+        converters = {**self.convert_map, **{code: functools.partial(self._convert_with_plugin, code)
+                                             for code in self._plugin_converters}}
+        self.convert_map = {code: self._named(code, convert) for code, convert in converters.items()}
         codes = [operator_code(model, subgraph.Operators(i)) for i in range(subgraph.OperatorsLength())]
         self._hybrid_weights = hybrid_weights(model, subgraph, codes)
+
+    def get_op_code_str(self, op: Any) -> str:
+        """TVM's, with a custom operator a plugin converts named by its custom code."""
+        code = operator_code(self.model, op)
+        if code in self._plugin_converters:
+            return code
+        return str(super().get_op_code_str(op))
+
+    def _convert_with_plugin(self, code: str, op: Any) -> Any:
+        """A plugin's converter (:mod:`forge_tf.custom_ops`) on the operator's inputs, options and context."""
+        converter = self._plugin_converters[code]
+        inputs, constants = [], []
+        for wrapper in self.get_input_tensors(op):
+            if wrapper.tensor_idx < 0:
+                inputs.append(None)
+                constants.append(None)
+                continue
+            constant = not self.has_expr(wrapper.tensor_idx) and wrapper.buffer.DataLength() > 0
+            constants.append(self.get_tensor_value(wrapper) if constant else None)
+            inputs.append(self.get_tensor_expr(wrapper))
+        outputs = self.get_output_tensors(op)
+        if op.CustomOptionsLength():
+            options: Any = op.CustomOptionsAsNumpy().tobytes()
+        elif operator_code(self.model, op).isupper() and op.BuiltinOptions() is not None:
+            options = op.BuiltinOptions()
+        else:
+            options = b""
+        context = TFLiteConverterContext(
+            op_type=code, node=tensor_name(self.subgraph, outputs[0].tensor_idx) if outputs else f"<{code}>",
+            constants=tuple(constants),
+            output_shapes=tuple(tuple(int(d) for d in w.tensor.ShapeAsNumpy()) if w.tensor.ShapeLength() else ()
+                                for w in outputs),
+            output_dtypes=tuple(self.get_tensor_type_str(w.tensor.Type()) for w in outputs),
+            plugin=converter.plugin,
+        )
+        try:
+            return call_plugin_converter(converter, self.bb, inputs, options, context)
+        except PluginConverterError as exc:
+            raise ModelImportError(str(exc)) from exc.__cause__
 
     def get_tensors(self, tensors_idx_list: Any) -> list[Any]:
         """TVM's, with the int8 weights of hybrid ops (:mod:`forge_tf.hybrid`) as the float tensors they

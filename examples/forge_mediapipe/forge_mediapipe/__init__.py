@@ -1,0 +1,1 @@
+"""An example third-party Forge plugin: MediaPipe's custom TFLite operators (see ``plugin``)."""
