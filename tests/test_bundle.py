@@ -179,3 +179,57 @@ def test_an_aarch64_bundle_runs_under_qemu(case, model, want, arm64_root, tmp_pa
     got, stdout = run_bundle(tmp_path / "bundle", qemu_python(arm64_root), tmp_path, env)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert "platform linux-aarch64" in stdout
+
+
+# Run inside Debian's arm64 Python: every artifact of the sweep through one bundle's runtime, in one process
+# (an emulated Python with numpy takes seconds to start).
+_SWEEP_RUNNER = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+import forge_runtime
+x = np.load(sys.argv[2])
+artifacts = json.loads(open(sys.argv[3]).read())
+np.savez(sys.argv[4], **{name: forge_runtime.Runtime(path).infer(x)[0] for name, path in artifacts.items()})
+"""
+
+
+def test_every_arm_and_raspberry_pi_tag_compiles_and_every_aarch64_linux_one_runs_under_qemu(
+        model, want, arm64_root, tmp_path):
+    """The tag list's boards, each compiled once: the aarch64 Linux ones (Cortex-A53 to Neoverse-V1, SVE and
+    i8mm included, which ``-cpu max`` emulates) run in Debian's arm64 Python and give onnxruntime's numbers; the
+    32-bit Arm and Android ones need a toolchain this machine lacks, and say which."""
+    from forge_core.targets.listing import tags_in
+    from forge_core.targets.parsing import resolve_target
+
+    tags = [t for t in tags_in() if t.name.startswith(("arm/", "raspberry-pi/"))]
+    aarch64 = {}
+    for tag in tags:
+        triple = str(resolve_target(tag.name).attrs.get("mtriple", ""))
+        ir = forge.from_onnx(model)
+        out = tmp_path / "artifacts" / tag.name.replace("/", "_")
+        if triple.startswith("aarch64-linux"):
+            ir.compile(target=tag.name, output_path=out)
+            aarch64[tag.name.replace("/", "_").replace("-", "_")] = str(out)
+            continue
+        needs = "Android NDK" if "android" in triple else "arm-linux-gnueabihf-gcc"
+        try:
+            ir.compile(target=tag.name, output_path=out)
+        except forge.CompilationError as exc:
+            assert needs in str(exc), (tag.name, str(exc))
+            assert not out.exists()
+    assert len(aarch64) >= 16, sorted(aarch64)
+    forge.bundle(next(iter(aarch64.values())), "linux-aarch64", tmp_path / "bundle")
+    (tmp_path / "artifacts.json").write_text(json.dumps(aarch64))
+    (tmp_path / "runner.py").write_text(_SWEEP_RUNNER)
+    np.save(tmp_path / "x.npy", X)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "TVM_", "FORGE_"))}
+    done = subprocess.run([*qemu_python(arm64_root), str(tmp_path / "runner.py"), str(tmp_path / "bundle"),
+                           str(tmp_path / "x.npy"), str(tmp_path / "artifacts.json"), str(tmp_path / "outputs.npz")],
+                          capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    outputs = np.load(tmp_path / "outputs.npz")
+    assert sorted(outputs.files) == sorted(aarch64)
+    for name in outputs.files:
+        np.testing.assert_allclose(outputs[name], want, rtol=1e-5, atol=1e-5, err_msg=name)
+
