@@ -62,11 +62,12 @@ class RPCFarm:
     def tracker(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def _start(self, name: str, args: list[str]) -> Process:
+    def _start(self, name: str, args: list[str], env: dict[str, str] | None = None,
+               cwd: Path | None = None) -> Process:
         log = self.logs / f"{name}.log"
         with log.open("w") as handle:
             popen = subprocess.Popen(args, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                     env={**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}, cwd=cwd)
         process = Process(name, popen, log)
         self.processes.append(process)
         return process
@@ -90,6 +91,18 @@ class RPCFarm:
         if wait:
             self.wait_for(key, before + 1, server)
         return server
+
+    def add_board(self, key: str, command: list[str], *, env: dict[str, str], cwd: Path,
+                  seconds: float = 300) -> Process:
+        """A board's own server command (an emulated board's Python), run in ``cwd`` with ``env`` alone; it is
+        given ``--tracker``, ``--key``, ``--host`` and a free ``--port``, and waited for."""
+        port = free_port()
+        before = self.count(key, allow_down=True)
+        board = self._start(f"board-{len(self.processes)}", [
+            *command, "--tracker", self.tracker, "--key", key, "--host", self.host, "--port", str(port),
+            "--port-end", str(port + 1)], env=env, cwd=cwd)
+        self.wait_for(key, before + 1, board, seconds)
+        return board
 
     def count(self, key: str, allow_down: bool = False) -> int:
         try:

@@ -233,3 +233,32 @@ def test_every_arm_and_raspberry_pi_tag_compiles_and_every_aarch64_linux_one_run
     for name in outputs.files:
         np.testing.assert_allclose(outputs[name], want, rtol=1e-5, atol=1e-5, err_msg=name)
 
+
+
+def test_an_emulated_raspberry_pi_serves_forge_run_through_the_rpc_tracker(model, want, arm64_root, tmp_path):
+    """The bundle's ``forge_runtime.rpc_server`` in Debian's arm64 Python under qemu is the board; ``forge run
+    --rpc-tracker`` on this machine uploads the raspberry-pi/5 library to it, runs it there and brings the outputs
+    back. (qemu-user cannot start an aarch64 child by itself, so the board's Python is a script that starts it
+    under qemu: TVM's server runs each session in a child process.)"""
+    from rpc_farm import RPCFarm
+
+    ir = forge.from_onnx(model)
+    ir.compile(target="raspberry-pi/5", output_path=tmp_path / "artifact")
+    board = forge.bundle(tmp_path / "artifact", "linux-aarch64", tmp_path / "bundle")
+    python = tmp_path / "python3-aarch64"
+    python.write_text("#!/bin/sh\nexec " + " ".join(qemu_python(arm64_root)) + ' "$@"\n')
+    python.chmod(0o755)
+    start = (f"import runpy, sys; sys.executable = {str(python)!r}; "
+             "runpy.run_module('forge_runtime.rpc_server', run_name='__main__', alter_sys=True)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "TVM_", "FORGE_"))}
+    np.save(tmp_path / "x.npy", X)
+    with RPCFarm() as farm:
+        farm.add_board("pi5", [str(python), "-c", start], env=env, cwd=board)
+        forge_bin = os.path.join(os.path.dirname(sys.executable), "forge")
+        done = subprocess.run([forge_bin, "run", str(tmp_path / "artifact"), "--input", str(tmp_path / "x.npy"),
+                               "--rpc-tracker", farm.tracker, "--rpc-key", "pi5", "--rpc-timeout", "300",
+                               "--repeat", "2", "--save-outputs", str(tmp_path / "out")],
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "load_module" in farm.processes[-1].text()  # the board loaded the library
+    np.testing.assert_allclose(np.load(tmp_path / "out" / "output_0.npy"), want, rtol=1e-5, atol=1e-5)

@@ -56,6 +56,20 @@ from forge_core.runtime.board import main
 
 sys.exit(main(ROOT))
 '''
+_PACKAGE_RPC_SERVER = '''"""The board as a device of TVM's RPC tracker: ``python3 -m forge_runtime.rpc_server --tracker HOST:PORT
+--key KEY`` (TVM's ``rpc_server`` options). Forge's ``run --rpc-tracker`` and tuning then reach it."""
+
+import os
+import runpy
+import sys
+
+from forge_runtime import ROOT
+
+# TVM's server runs each session in a worker process of this Python: it needs the bundle's libraries too.
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "lib"), os.environ.get("PYTHONPATH")]))
+sys.argv[0] = "forge_runtime.rpc_server"
+runpy.run_module("tvm.exec.rpc_server", run_name="__main__", alter_sys=True)
+'''
 
 
 def _artifact_machine(document: dict, library: bytes, encrypted: bool) -> str | None:
@@ -152,6 +166,7 @@ def bundle(artifact: str | Path, platform: str = "linux-aarch64", output_path: s
         _extract(archives["apache-tvm"], lib, "tvm", _TVM_SKIPPED, _libraries(runtime_libraries))
         _extract(archives["apache-tvm-ffi"], lib, "tvm_ffi", _FFI_SKIPPED, _libraries({"libtvm_ffi.so", "libtvm_ffi_testing.so"}))  # core links both
         _extract(archives["typing-extensions"], lib, "typing_extensions.py", set())
+        _extract(archives["cloudpickle"], lib, "cloudpickle", {"__pycache__"})
         if encrypted:
             _extract(archives["cryptography"], lib, "cryptography", {"__pycache__"})
             _extract(archives["cffi"], lib, "cffi", {"__pycache__"})
@@ -170,6 +185,7 @@ def bundle(artifact: str | Path, platform: str = "linux-aarch64", output_path: s
         launcher.mkdir()
         (launcher / "__init__.py").write_text(_PACKAGE_INIT)
         (launcher / "__main__.py").write_text(_PACKAGE_MAIN)
+        (launcher / "rpc_server.py").write_text(_PACKAGE_RPC_SERVER)
         description = {
             "platform": platform, "python": python, "device": device, "model": "model",
             "files": files, "encrypted": encrypted,

@@ -66,13 +66,18 @@ PINNED: dict[str, dict[str, str]] = {
         "cffi-2.1.1-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.whl":
             "c1453022f490d2459a11819d83ad1d586e9ff65a12ac3e705ffebd46d3685dcf",
     },
+    "cloudpickle==3.1.2": {
+        "cloudpickle-3.1.2-py3-none-any.whl": "9acb47f6afd73f60dc1df93bb801b472f05ff42fa6c84167d25cb206be1fbf4a",
+    },
     "pycparser==3.12": {
         "pycparser-3.12-py3-none-any.whl": "a076f3f489b39b43ed13563a1dafe42447445bec2e294154ec5c57fcdda4c85e",
     },
 }
 """Each requirement, and the SHA-256 of each of its files that a bundle may take."""
 
-RUNTIME = ("apache-tvm==0.27.0.post1", "apache-tvm-ffi==0.1.14.post1", "typing-extensions==4.16.0")
+# cloudpickle: TVM's RPC server (the bundle's ``forge_runtime.rpc_server``) starts its session workers with it.
+RUNTIME = ("apache-tvm==0.27.0.post1", "apache-tvm-ffi==0.1.14.post1", "typing-extensions==4.16.0",
+           "cloudpickle==3.1.2")
 ENCRYPTION = ("cryptography==50.0.2", "cffi==2.1.1", "pycparser==3.12")
 
 
