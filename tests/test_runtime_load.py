@@ -236,3 +236,38 @@ def test_a_one_thread_runtime_leaves_the_process_on_every_core(conv_net):
                             text=True, env={**env, "FORGE_NUM_THREADS": "1"}, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("True"), result.stdout
+
+
+def test_forge_runtime_runs_where_tvm_loaded_its_runtime_library_alone(conv_net, tmp_path):
+    """``import forge; forge.Runtime(...)`` with ``TVM_USE_RUNTIME_LIB=1`` (as on a board without the 260 MB
+    compiler library): the facade imports its compiler side only when it is used, the compiler library is never
+    mapped, the numbers are this process's, and the compiler side says what it needs."""
+    model, artifact, inputs = conv_net
+    np.save(tmp_path / "x.npy", inputs[0])
+    script = (
+        "import json, sys, time\n"
+        "started = time.perf_counter()\n"
+        "import numpy as np\n"
+        "import forge\n"
+        "imported = time.perf_counter() - started\n"
+        "y = forge.Runtime(sys.argv[1]).infer(np.load(sys.argv[2]))[0]\n"
+        "np.save(sys.argv[3], y)\n"
+        "try:\n"
+        "    forge.from_onnx\n"
+        "    refusal = None\n"
+        "except forge.ForgeError as exc:\n"
+        "    refusal = str(exc)\n"
+        "maps = open('/proc/self/maps').read()\n"
+        "rss = int(next(l for l in open('/proc/self/status') if l.startswith('VmRSS')).split()[1]) // 1024\n"
+        "print(json.dumps({'compiler': 'libtvm_compiler' in maps, 'refusal': refusal, 'import_s': imported,"
+        " 'rss_mb': rss}))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TVM_")}
+    done = subprocess.run([sys.executable, "-c", script, str(artifact), str(tmp_path / "x.npy"),
+                           str(tmp_path / "y.npy")], capture_output=True, text=True,
+                          env={**env, "TVM_USE_RUNTIME_LIB": "1"}, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["compiler"] is False
+    assert "forge.from_onnx needs TVM's compiler library" in report["refusal"]
+    assert "TVM_USE_RUNTIME_LIB" in report["refusal"]
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), forge.Runtime(artifact).infer(inputs[0])[0])
