@@ -4,7 +4,7 @@ A model saved after onnxruntime's optimizations (``SessionOptions.optimized_mode
 optimizer) holds fused operators of its contrib domain: a convolution with its activation (``FusedConv``), a
 matmul with its transposes and scale (``FusedMatMul``), ``QuickGelu``, and the RMS norms of
 decoder models (``SkipSimplifiedLayerNormalization``; ``SimplifiedLayerNormalization`` is registered by
-onnxruntime in ONNX's default domain). Each is the composition onnxruntime's CPU kernel computes; other
+onnxruntime in ONNX's default domain), and ``DynamicQuantizeLSTM``, which its ``quantize_dynamic`` writes. Each is the composition onnxruntime's CPU kernel computes; other
 contrib operators that share a name with one of TVM's converters (``Gelu``, ``FastGelu``, ``BiasGelu``,
 ``SkipLayerNormalization``, ``Attention``) keep TVM's.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import tvm
 from tvm import relax
 
 from forge_core.errors import InvalidModelError, ModelImportError
@@ -138,8 +139,48 @@ def skip_simplified_layer_normalization(bb: relax.BlockBuilder, inputs: list[Any
     return relax.Tuple(outputs[:context.outputs])
 
 
+def _constant(value: Any) -> np.ndarray | None:
+    return value.value.numpy() if isinstance(value, tvm.ir.GenericConst) else None
+
+
+def _dequantized_gates(weights: Any, scale: Any, zero_point: Any, name: str, node: str) -> relax.Expr:
+    """An int8/uint8 weight ``[dirs, rows, 4 * hidden]`` with its scale and zero point (per direction, or per
+    gate row ``[dirs, 4 * hidden]``) as the float ``[dirs, 4 * hidden, rows]`` that LSTM takes."""
+    values = [_constant(v) for v in (weights, scale, zero_point)]
+    if any(v is None for v in values):
+        raise ModelImportError(f"DynamicQuantizeLSTM {node!r}: {name}, its scale and zero point must be constants "
+                               "of the model (onnxruntime's quantize_dynamic writes them as initializers)")
+    q, s, z = values
+    if q.ndim != 3 or s.shape not in ((q.shape[0],), (q.shape[0], q.shape[2])) or s.shape != z.shape:
+        raise InvalidModelError(
+            f"DynamicQuantizeLSTM {node!r}: {name} has shape {q.shape} with scale {s.shape} and zero point "
+            f"{z.shape}; expected [dirs, rows, 4*hidden] with [dirs] or [dirs, 4*hidden]")
+    along = (q.shape[0], 1, 1) if s.ndim == 1 else (q.shape[0], 1, q.shape[2])
+    real = (q.astype(np.float64) - z.astype(np.float64).reshape(along)) * s.astype(np.float64).reshape(along)
+    return relax.const(np.ascontiguousarray(real.astype(np.float32).transpose(0, 2, 1)))
+
+
+def dynamic_quantize_lstm(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
+                          context: ConverterContext) -> relax.Expr:
+    """onnxruntime's ``quantize_dynamic`` of an LSTM: its int8 weights ``W`` and ``R`` (transposed, with their
+    scales and zero points) read as the float weights they stand for, then ONNX's LSTM on them.
+
+    This is the float LSTM on the quantized weights. onnxruntime's kernel also quantizes ``X`` and each step's
+    hidden state to uint8 on the fly, so its outputs lie about one activation step (1/255 of each one's range)
+    from these.
+    """
+    from forge_onnx.converters.recurrent import lstm
+
+    padded = list(inputs) + [None] * (12 - len(inputs))
+    x, w, r, b, lengths, h0, c0, peepholes, w_scale, w_zero, r_scale, r_zero = padded[:12]
+    weights = _dequantized_gates(w, w_scale, w_zero, "W", context.node)
+    recurrence = _dequantized_gates(r, r_scale, r_zero, "R", context.node)
+    return lstm(bb, [x, weights, recurrence, b, lengths, h0, c0, peepholes], attrs, context)
+
+
 CONVERTERS = {"FusedConv": fused_conv, "FusedMatMul": fused_matmul, "QuickGelu": quick_gelu,
-              "SkipSimplifiedLayerNormalization": skip_simplified_layer_normalization}
+              "SkipSimplifiedLayerNormalization": skip_simplified_layer_normalization,
+              "DynamicQuantizeLSTM": dynamic_quantize_lstm}
 
 DEFAULT_DOMAIN_CONVERTERS = {"SimplifiedLayerNormalization": simplified_layer_normalization}
 """onnxruntime registers SimplifiedLayerNormalization in ONNX's default domain."""
