@@ -72,9 +72,11 @@ def _init(rng: np.random.Generator, name: str, shape: tuple[int, ...], positive:
 
 
 def _model(name: str, nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto],
-           outputs: list[onnx.ValueInfoProto], inits: list[TensorProto]) -> onnx.ModelProto:
+           outputs: list[onnx.ValueInfoProto], inits: list[TensorProto],
+           domains: dict[str, int] | None = None) -> onnx.ModelProto:
     graph = helper.make_graph(nodes, name, inputs, outputs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+    opsets = [helper.make_opsetid("", OPSET)] + [helper.make_opsetid(d, v) for d, v in (domains or {}).items()]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION)
     onnx.checker.check_model(model, full_check=True)
     return model
 
@@ -169,6 +171,32 @@ def _helper_models() -> dict[str, onnx.ModelProto]:
         helper.make_node("Softmax", ["e"], ["s"], "softmax", axis=-1),
         helper.make_node("Transpose", ["s"], ["y"], "transpose", perm=[1, 0]),
     ], [_vi("x", f, [2, 3])], [_vi("y", f, [3, 2])], [])
+    # ONNX-ML (scikit-learn's exports) and onnxruntime's contrib operators: Forge's own converters.
+    models["sklearn"] = _model("sklearn", [
+        helper.make_node("Scaler", ["x"], ["scaled"], "scaler", domain="ai.onnx.ml", offset=[0.1, -0.2, 0.3, 0.0],
+                         scale=[2.0, 0.5, 1.0, 1.5]),
+        helper.make_node("TreeEnsembleRegressor", ["scaled"], ["tree"], "trees", domain="ai.onnx.ml", n_targets=1,
+                         nodes_treeids=[0, 0, 0, 1, 1, 1], nodes_nodeids=[0, 1, 2, 0, 1, 2],
+                         nodes_featureids=[0, 0, 0, 2, 0, 0], nodes_values=[0.1, 0.0, 0.0, -0.3, 0.0, 0.0],
+                         nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF", "BRANCH_LT", "LEAF", "LEAF"],
+                         nodes_truenodeids=[1, 0, 0, 1, 0, 0], nodes_falsenodeids=[2, 0, 0, 2, 0, 0],
+                         nodes_missing_value_tracks_true=[0, 0, 0, 1, 0, 0],
+                         target_treeids=[0, 0, 1, 1], target_nodeids=[1, 2, 1, 2], target_ids=[0, 0, 0, 0],
+                         target_weights=[0.5, -1.0, 2.0, 0.25], aggregate_function="SUM"),
+        helper.make_node("LinearClassifier", ["scaled"], ["label", "scores"], "linear", domain="ai.onnx.ml",
+                         classlabels_ints=[0, 1, 2], coefficients=[float(v) for v in rng.standard_normal(12)],
+                         intercepts=[0.1, -0.1, 0.0], post_transform="SOFTMAX"),
+    ], [_vi("x", f, [3, 4])], [_vi("tree", f, [3, 1]), _vi("label", i64, [3]), _vi("scores", f, [3, 3])], [],
+        domains={"ai.onnx.ml": 3})
+    models["contrib"] = _model("contrib", [
+        helper.make_node("FusedConv", ["x", "w", "b"], ["c"], "fused_conv", domain="com.microsoft",
+                         kernel_shape=[3, 3], pads=[1, 1, 1, 1], activation="LeakyRelu", activation_params=[0.1]),
+        helper.make_node("QuickGelu", ["c"], ["g"], "quick_gelu", domain="com.microsoft", alpha=1.702),
+        helper.make_node("FusedMatMul", ["g", "m"], ["y"], "fused_matmul", domain="com.microsoft", alpha=0.5,
+                         transB=1),
+    ], [_vi("x", f, [1, 2, 5, 5])], [_vi("y", f, [1, 4, 5, 6])],
+        [_init(rng, "w", (4, 2, 3, 3)), _init(rng, "b", (4,)), _init(rng, "m", (6, 5))],
+        domains={"com.microsoft": 1})
     return models
 
 
