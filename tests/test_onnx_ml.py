@@ -130,6 +130,55 @@ def test_scikit_learn_export_gives_onnxruntimes_numbers_at_a_dynamic_batch(name)
         _assert_same([np.asarray(r) for r in (got if isinstance(got, list) else [got])], _reference(model, rows))
 
 
+SVMS = {
+    "svc-rbf": lambda: svm.SVC(kernel="rbf", gamma=0.5),
+    "svc-poly-binary": lambda: svm.SVC(kernel="poly", degree=3, gamma=0.3, coef0=0.5),
+    "svc-sigmoid": lambda: svm.SVC(kernel="sigmoid", gamma=0.05, coef0=0.1),
+    "nu-svc-linear-binary": lambda: svm.NuSVC(kernel="linear", nu=0.3),
+    "digits-svc-rbf": lambda: svm.SVC(kernel="rbf", gamma=0.001),
+    "svr-rbf": lambda: svm.SVR(kernel="rbf", gamma=0.5),
+    "svr-poly": lambda: svm.SVR(kernel="poly", degree=2, gamma=0.3, coef0=1.0),
+    "nu-svr-linear": lambda: svm.NuSVR(kernel="linear"),
+    "one-class-svm": lambda: svm.OneClassSVM(gamma=0.5),
+}
+
+
+@pytest.mark.parametrize("name", list(SVMS))
+def test_scikit_learn_svm_gives_onnxruntimes_labels_and_scores_at_a_dynamic_batch(name):
+    """SVMClassifier (libsvm's pairwise decision values and votes, every kernel; two classes too) and
+    SVMRegressor (one-class included): labels identical, scores within 1e-4 of their scale (float32 sums of
+    kernel values that cancel, in another order than onnxruntime's GEMM)."""
+    x, y, held_out = _digits() if name.startswith("digits") else _iris()
+    if name.endswith("binary"):
+        y = (y > 0).astype(np.int64)
+    elif "svr" in name or "one-class" in name:
+        x, held_out, y = x[:, 1:], held_out[:, 1:], x[:, 0]
+    estimator = SVMS[name]().fit(x, y)
+    model = skl2onnx.to_onnx(estimator, x[:1])
+    assert any(node.op_type.startswith("SVM") for node in model.graph.node)
+    ir = forge.from_onnx(model)
+    assert ir.input_shapes[0][0] == -1, ir.input_shapes
+    run = ir.get_inference_function()
+    for rows in (held_out, held_out[:1], held_out[:5]):
+        got = run(rows)
+        got = [np.asarray(r) for r in (got if isinstance(got, list) else [got])]
+        want = _reference(model, rows)
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype and g.shape == w.shape
+            if w.dtype.kind in "iu":
+                np.testing.assert_array_equal(g, w)
+            else:
+                np.testing.assert_allclose(g, w, rtol=0, atol=1e-4 * max(1.0, float(np.abs(w).max())))
+
+
+def test_an_svm_with_probabilities_is_refused_naming_why():
+    x, y, _ = _iris()
+    model = skl2onnx.to_onnx(svm.SVC(probability=True, random_state=0).fit(x, y), x[:1])
+    with pytest.raises(ModelImportError, match="probability=True"):
+        forge.from_onnx(model)
+
+
 def test_scikit_learn_pipeline_compiles_and_runs_from_its_artifact(tmp_path):
     estimator, x, held_out = _fit("imputer-minmax-normalizer")
     model = skl2onnx.to_onnx(estimator, x[:1])

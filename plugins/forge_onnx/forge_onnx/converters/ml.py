@@ -17,9 +17,14 @@ against, including where onnxruntime departs from the operator spec (the compile
   is the probabilities tensor ``(N, classes)``, its columns in the order of the labels (the compile log names
   them). Class labels given as strings make the label output the class index, as the log says.
 
-Not converted: string inputs (an error naming the node), ``SVMClassifier``/``SVMRegressor`` and the opset-5
-``TreeEnsemble`` (the importer's unsupported-operator error), and the combinations where onnxruntime leaves a
-probability column unwritten (an error saying so).
+- ``SVMClassifier`` / ``SVMRegressor``: the kernels (LINEAR, POLY, RBF, SIGMOID) against every support vector,
+  libsvm's pairwise decision values and votes (the label: the first class with the most votes; two classes:
+  scores ``[-d, d]``), liblinear's form without support vectors, a one-class SVM's ``+1``/``-1``.
+
+Not converted: string inputs (an error naming the node), an ``SVMClassifier`` with probabilities (``prob_a``:
+onnxruntime's pairwise coupling iterates to a tolerance; an error saying so), the opset-5 ``TreeEnsemble`` (the
+importer's unsupported-operator error), and the combinations where onnxruntime leaves a probability column
+unwritten (an error saying so).
 """
 
 from __future__ import annotations
@@ -625,10 +630,159 @@ def zip_map(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], co
                    labels)
     return inputs[0]
 
+# -- support vector machines ----------------------------------------------------------------------------------
+
+_KERNELS = ("LINEAR", "POLY", "RBF", "SIGMOID")
+
+
+def _svm_kernel(x: relax.Expr, vectors: np.ndarray, attrs: dict[str, Any], kernel: str, offset: float,
+                op: str, node: str) -> relax.Expr:
+    """``K(x, v)`` for every row of ``x`` and every row of ``vectors``, as onnxruntime's ``batched_kernel_dot``:
+    LINEAR ``x.v + offset``, POLY ``(gamma x.v + coef0)^degree``, SIGMOID ``tanh(gamma x.v + coef0)``, RBF
+    ``exp(-gamma |x - v|^2)`` (the squared differences summed, not expanded)."""
+    if kernel not in _KERNELS:
+        raise InvalidModelError(f"{op} {node!r}: kernel_type {kernel!r} is not one of {', '.join(_KERNELS)}")
+    params = _floats(attrs, "kernel_params")
+    gamma, coef0, degree = (float(v) for v in params[:3]) if params.size >= 3 else (0.0, 0.0, 0.0)
+    features = _static(_shape(x)[1]) if _shape(x) else None
+    if features is not None and vectors.shape[1] != features:
+        raise InvalidModelError(f"{op} {node!r}: vectors of {vectors.shape[1]} features, the input has {features}")
+    x = relax.op.astype(x, "float32") if _dtype(x) != "float32" else x
+    if kernel == "RBF":
+        diff = relax.op.subtract(relax.op.expand_dims(x, 1), _const(vectors[None], "float32"))
+        distance = relax.op.sum(relax.op.multiply(diff, diff), axis=[2])
+        return relax.op.exp(relax.op.multiply(_const(-gamma, "float32"), distance))
+    dot = relax.op.matmul(x, _const(np.ascontiguousarray(vectors.T), "float32"))
+    if kernel == "LINEAR":
+        return relax.op.add(dot, _const(offset, "float32")) if offset else dot
+    scaled = relax.op.add(relax.op.multiply(dot, _const(gamma, "float32")), _const(coef0, "float32"))
+    if kernel == "SIGMOID":
+        return relax.op.tanh(scaled)
+    return relax.op.power(scaled, _const(degree, "float32"))
+
+
+def _support_vectors(attrs: dict[str, Any], count: int, op: str, node: str) -> np.ndarray:
+    vectors = _floats(attrs, "support_vectors")
+    if count <= 0 or vectors.size == 0 or vectors.size % count:
+        raise InvalidModelError(f"{op} {node!r}: {vectors.size} support vector values do not make {count} vectors")
+    return vectors.reshape(count, -1)
+
+
+def svm_regressor(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
+                  context: ConverterContext) -> relax.Expr:
+    """SVMRegressor: ``sum_i coef_i K(x, sv_i) + rho`` (or ``K(x, coefficients) + rho`` with no support vectors,
+    liblinear's form), ``+1``/``-1`` by sign for a one-class SVM. onnxruntime applies no post_transform."""
+    op, node = "SVMRegressor", context.node
+    x = _features(inputs[0], op, node, ("float32",))
+    coefficients, rho = _floats(attrs, "coefficients"), _floats(attrs, "rho")
+    if coefficients.size == 0 or rho.size == 0:
+        raise InvalidModelError(f"{op} {node!r}: coefficients and rho are required")
+    count = int(attrs.get("n_supports", 0))
+    if count > 0:
+        vectors = _support_vectors(attrs, count, op, node)
+        if coefficients.size < count:
+            raise InvalidModelError(f"{op} {node!r}: {coefficients.size} coefficients for {count} support vectors")
+        kernels = _svm_kernel(x, vectors, attrs, attr_text(attrs.get("kernel_type"), "LINEAR"), 0.0, op, node)
+        y = relax.op.add(relax.op.matmul(kernels, _const(coefficients[:count].reshape(count, 1), "float32")),
+                         _const(rho[0], "float32"))
+    else:
+        y = _svm_kernel(x, coefficients.reshape(1, -1), attrs, "LINEAR", float(rho[0]), op, node)
+    if int(attrs.get("one_class", 0)):
+        y = relax.op.where(relax.op.greater(y, _const(0.0, "float32")), _const(1.0, "float32"),
+                           _const(-1.0, "float32"))
+    transform = _post_transform(attrs, op, node)
+    if transform != "NONE":
+        logger.warning("%s %r: post_transform %s is ignored, as onnxruntime does", op, node, transform)
+    return y
+
+
+def svm_classifier(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
+                   context: ConverterContext) -> relax.Expr:
+    """SVMClassifier, as onnxruntime's kernel computes it.
+
+    With support vectors (libsvm's SVC): the decision value of every pair of classes ``i < j`` (``sum`` over
+    both classes' vectors of ``coefficients[., v] K(x, v) + rho``), a vote for ``i`` where it is positive, else
+    for ``j``; the label is the first class with the most votes, the scores are the decision values (post
+    transformed over the row), and for two classes ``[-d, d]`` (``[1 - d, d]`` with a post_transform). Without
+    support vectors (liblinear's form): one score a class, ``K(x, coefficients[c]) + rho[0]``. A model with
+    probabilities (``prob_a``, scikit-learn's ``probability=True``) is refused: onnxruntime couples the pairwise
+    probabilities by an iteration that stops at a tolerance, which Forge does not reproduce yet.
+    """
+    op, node = "SVMClassifier", context.node
+    x = bb.normalize(_features(inputs[0], op, node, ("float32", "float64", "int32", "int64")))
+    labels = _labels(attrs, op, node, "classlabels")
+    classes = labels.size
+    coefficients, rho = _floats(attrs, "coefficients"), _floats(attrs, "rho")
+    per_class = _ints(attrs, "vectors_per_class")
+    transform = _post_transform(attrs, op, node)
+    if classes < 2 or coefficients.size == 0 or rho.size == 0:
+        raise InvalidModelError(f"{op} {node!r}: class labels (two or more), coefficients and rho are required")
+    if _floats(attrs, "prob_a").size:
+        raise ModelImportError(
+            f"{op} {node!r}: a classifier with probabilities (prob_a, prob_b: scikit-learn's probability=True) is "
+            "not converted yet: onnxruntime couples the pairwise probabilities by an iteration that stops at a "
+            "tolerance. Export without probabilities (the label and the decision values convert), or run this "
+            "model with onnxruntime")
+    kernel = attr_text(attrs.get("kernel_type"), "LINEAR")
+    if per_class.size == 0:  # liblinear's form: one row of coefficients a class
+        if coefficients.size % classes:
+            raise InvalidModelError(f"{op} {node!r}: {coefficients.size} coefficients do not make {classes} rows")
+        scores = bb.normalize(_svm_kernel(x, coefficients.reshape(classes, -1), attrs, "LINEAR", float(rho[0]),
+                                          op, node))
+        label = _label_of(_first_max(scores), labels)
+        if classes == 2:
+            logger.warning("%s %r: a two-class classifier without support vectors: the label is the first "
+                           "highest score's", op, node)
+        return relax.Tuple([label, _transform(scores, transform)])
+    if per_class.size != classes or (per_class < 0).any():
+        raise InvalidModelError(f"{op} {node!r}: vectors_per_class {per_class.tolist()} for {classes} classes")
+    count = int(per_class.sum())
+    vectors = _support_vectors(attrs, count, op, node)
+    pairs = classes * (classes - 1) // 2
+    if coefficients.size < (classes - 1) * count or rho.size < pairs:
+        raise InvalidModelError(f"{op} {node!r}: {coefficients.size} coefficients and {rho.size} rho for "
+                                f"{classes} classes and {count} support vectors: expected {(classes - 1) * count} "
+                                f"and {pairs}")
+    coefs = coefficients[:(classes - 1) * count].reshape(classes - 1, count)
+    starts = np.concatenate([[0], np.cumsum(per_class)[:-1]]).astype(int)
+    # One column a pair: the coefficient each support vector takes in that pair's decision value (0 elsewhere).
+    weights = np.zeros((count, pairs), np.float64)
+    votes_for = np.zeros((pairs, classes), np.int64)
+    pair = 0
+    for i in range(classes - 1):
+        for j in range(i + 1, classes):
+            si, sj = starts[i], starts[j]
+            weights[si:si + per_class[i], pair] = coefs[j - 1, si:si + per_class[i]]
+            weights[sj:sj + per_class[j], pair] = coefs[i, sj:sj + per_class[j]]
+            votes_for[pair, i], votes_for[pair, j] = 1, -1
+            pair += 1
+    kernels = _svm_kernel(x, vectors, attrs, kernel, 0.0, op, node)
+    decisions = bb.normalize(relax.op.add(relax.op.matmul(kernels, _const(weights.astype(np.float32), "float32")),
+                                          _const(rho[:pairs], "float32")))
+    # Votes: pair (i, j) votes i where its value is > 0, else j.
+    positive = relax.op.astype(relax.op.greater(decisions, _const(0.0, "float32")), "int64")
+    for_i = _const(np.maximum(votes_for, 0), "int64")
+    for_j = _const(np.maximum(-votes_for, 0), "int64")
+    votes = relax.op.add(relax.op.matmul(positive, for_i),
+                         relax.op.matmul(relax.op.subtract(_const(1, "int64"), positive), for_j))
+    label = _label_of(relax.op.argmax(votes, axis=-1), labels)
+    if classes == 2:
+        if transform == "PROBIT":
+            raise ModelImportError(f"{op} {node!r}: two classes with post_transform PROBIT: onnxruntime leaves "
+                                   "half of its scores unwritten, so there is no reference to compute")
+        d = relax.op.squeeze(decisions, axis=[1])
+        first = relax.op.negative(d) if transform == "NONE" else relax.op.subtract(_const(1.0, "float32"), d)
+        if transform != "NONE":
+            logger.warning("%s %r: two classes give [1 - d, d] without post_transform %s, as onnxruntime does",
+                           op, node, transform)
+        return relax.Tuple([label, relax.op.stack([first, d], axis=1)])
+    return relax.Tuple([label, _transform(decisions, transform)])
+
 
 CONVERTERS = {
     "LinearClassifier": linear_classifier, "LinearRegressor": linear_regressor,
     "TreeEnsembleClassifier": tree_ensemble_classifier, "TreeEnsembleRegressor": tree_ensemble_regressor,
     "Scaler": scaler, "Normalizer": normalizer, "Imputer": imputer, "Binarizer": binarizer,
     "ArrayFeatureExtractor": array_feature_extractor, "ZipMap": zip_map,
+    "SVMClassifier": svm_classifier, "SVMRegressor": svm_regressor,
 }
