@@ -50,6 +50,14 @@ LONGEST_FIRST = (
 )
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """The run's verification cache goes with the run (the controller removes it once the workers are done)."""
+    if not hasattr(session.config, "workerinput"):
+        import shutil
+
+        shutil.rmtree(os.environ["FORGE_VERIFY_CACHE"], ignore_errors=True)
+
+
 def pytest_collection_modifyitems(config, items):
     rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order

@@ -9,6 +9,7 @@ outlives it. Used by ``tests/test_remote.py`` and ``benchmarks/rpc_tuning.py``.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -127,6 +128,8 @@ class RPCFarm:
             time.sleep(0.2)
         raise TimeoutError(f"the tracker did not list {total} servers of {key!r} in {seconds:g} s")
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: object, *exc: object) -> None:
         for process in reversed(self.processes):
             process.kill()
+        if kind is None:  # the logs are kept for a failure to read
+            shutil.rmtree(self.logs, ignore_errors=True)
