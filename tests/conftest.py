@@ -40,6 +40,7 @@ LONGEST_FIRST = (
     "test_shape_buckets.py",  # 235
     "test_isa_matrix.py",  # 14 artifacts and a tuning per class the host can run
     "test_remote.py",  # 130
+    "test_bundle.py",  # 200 (2026-11-28: every arm/ tag, qemu runs, the emulated RPC board)
     "test_int8_kernels.py",  # 110
     "test_transformers_corpus.py",  # 110, + 150 for the dynamic from_torch cases (2026-11-27)
     "test_quantization.py",  # 100
