@@ -194,6 +194,18 @@ np.savez(sys.argv[4], **{name: forge_runtime.Runtime(path).infer(x)[0] for name,
 """
 
 
+def test_an_encrypted_aarch64_bundle_runs_under_qemu(model, want, arm64_root, tmp_path):
+    """An encrypted raspberry-pi/5 artifact: the bundle carries its key and cryptography's aarch64 wheel (pinned),
+    and Debian's arm64 Python decrypts and runs it with the password from FORGE_PASSWORD."""
+    forge.from_onnx(model).compile(target="raspberry-pi/5", output_path=tmp_path / "artifact",
+                                   encrypt_password=PASSWORD)
+    out = forge.bundle(tmp_path / "artifact", "linux-aarch64", tmp_path / "bundle")
+    assert (out / "model" / "modelKey.bin").is_file() and (out / "lib" / "cryptography").is_dir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "TVM_", "FORGE_"))}
+    got, _ = run_bundle(out, qemu_python(arm64_root), tmp_path, {**env, "FORGE_PASSWORD": PASSWORD})
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_every_arm_and_raspberry_pi_tag_compiles_and_every_aarch64_linux_one_runs_under_qemu(
         model, want, arm64_root, tmp_path):
     """The tag list's boards, each compiled once: the aarch64 Linux ones (Cortex-A53 to Neoverse-V1, SVE and
