@@ -76,13 +76,12 @@ def dequantized(model: Any, tensor: Any) -> np.ndarray:
     zero = (np.asarray(params.ZeroPointAsNumpy(), dtype=np.int64).reshape(-1)
             if params.ZeroPointLength() else np.zeros(1, np.int64))
     if scale.size > 1:  # per channel, along the quantized dimension
-        axis = int(params.QuantizedDimension())
         along = [1] * len(shape)
-        along[axis] = scale.size
+        along[int(params.QuantizedDimension())] = scale.size
         scale = scale.reshape(along)
-        zero = zero.reshape(along) if zero.size == scale.size else zero.reshape(())
+        zero = zero.reshape(along) if zero.size == scale.size else zero[0]
     else:
-        scale, zero = scale.reshape(()), zero.reshape(-1)[0] if zero.size else np.int64(0)
+        scale, zero = scale[0], zero[0]
     return ((values.astype(np.int64) - zero) * scale).astype(np.float32)
 
 

@@ -86,7 +86,7 @@ class ForgeOperatorConverter(SymbolicShapes, OperatorConverter):
         outputs = self.get_output_tensors(op)
         if op.CustomOptionsLength():
             options: Any = op.CustomOptionsAsNumpy().tobytes()
-        elif operator_code(self.model, op).isupper() and op.BuiltinOptions() is not None:
+        elif code.isupper() and op.BuiltinOptions() is not None:  # a builtin's name; custom codes are not
             options = op.BuiltinOptions()
         else:
             options = b""

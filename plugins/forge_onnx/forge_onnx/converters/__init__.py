@@ -65,6 +65,13 @@ class ConverterContext:
         return convert(self.importer.bb, inputs, given, [self.importer._nodes, self.importer._params])
 
 
+def constant_value(value: Any) -> Any:
+    """A Relax constant's value as a numpy array; None for any other expression."""
+    import tvm
+
+    return value.value.numpy() if isinstance(value, tvm.ir.GenericConst) else None
+
+
 def attr_text(value: Any, default: str = "") -> str:
     """A string attribute as a ``str`` (TVM's importer gives bytes), ``default`` when absent."""
     if value is None:

@@ -14,11 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import tvm
 from tvm import relax
 
 from forge_core.errors import InvalidModelError, ModelImportError
-from forge_onnx.converters import ConverterContext, attr_text
+from forge_onnx.converters import ConverterContext, attr_text, constant_value
 
 DOMAIN = "com.microsoft"
 
@@ -139,14 +138,10 @@ def skip_simplified_layer_normalization(bb: relax.BlockBuilder, inputs: list[Any
     return relax.Tuple(outputs[:context.outputs])
 
 
-def _constant(value: Any) -> np.ndarray | None:
-    return value.value.numpy() if isinstance(value, tvm.ir.GenericConst) else None
-
-
 def _dequantized_gates(weights: Any, scale: Any, zero_point: Any, name: str, node: str) -> relax.Expr:
     """An int8/uint8 weight ``[dirs, rows, 4 * hidden]`` with its scale and zero point (per direction, or per
     gate row ``[dirs, 4 * hidden]``) as the float ``[dirs, 4 * hidden, rows]`` that LSTM takes."""
-    values = [_constant(v) for v in (weights, scale, zero_point)]
+    values = [constant_value(v) for v in (weights, scale, zero_point)]
     if any(v is None for v in values):
         raise ModelImportError(f"DynamicQuantizeLSTM {node!r}: {name}, its scale and zero point must be constants "
                                "of the model (onnxruntime's quantize_dynamic writes them as initializers)")

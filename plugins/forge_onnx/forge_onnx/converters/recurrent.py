@@ -29,7 +29,7 @@ import tvm
 from tvm import relax
 
 from forge_core.errors import InvalidModelError, ModelImportError
-from forge_onnx.converters import ConverterContext
+from forge_onnx.converters import ConverterContext, constant_value
 from forge_onnx.converters.recurrent_kernel import LANES, RecurrentCell, build_kernel
 from forge_onnx.converters.recurrent_math import activations
 from forge_onnx.converters.shapes import static_or_symbolic_dims, static_shape
@@ -169,14 +169,10 @@ def _check_shapes(node: _Node, inputs: int) -> None:
                                     f"(layout 0) for hidden_size {hidden} and {dirs} direction(s)")
 
 
-def _constant(value: relax.Expr) -> np.ndarray | None:
-    return value.value.numpy() if isinstance(value, tvm.ir.GenericConst) else None
-
-
 def _apply(bb: relax.BlockBuilder, values: list[relax.Expr], on_arrays: Callable[..., np.ndarray],
            on_exprs: Callable[..., relax.Expr]) -> relax.Expr:
     """``on_arrays`` on the values when all are constants (weights: rearranged here, once), else ``on_exprs``."""
-    arrays = [_constant(v) for v in values]
+    arrays = [constant_value(v) for v in values]
     if all(a is not None for a in arrays):
         result = np.ascontiguousarray(on_arrays(*arrays))
         return relax.const(result, str(result.dtype))
