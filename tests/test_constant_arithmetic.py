@@ -100,3 +100,31 @@ def test_an_input_operand_is_never_folded():
         bb.emit_func_output(out)
     mod = bb.get()
     assert fold_arithmetic(mod).same_as(mod)
+
+
+def test_a_slice_with_ends_computed_at_run_time_survives_constant_folding_and_builds():
+    """Relax's FoldConstant legalized ``dynamic_strided_slice`` (an ONNX Slice whose ends come from the input's
+    shape: torch's ``chunk`` on a dynamic batch and sequence) and dropped the PrimFunc it then called; the module
+    failed to build ("There is no definition of I.GlobalVar("shape_func")"). ``fold_constant`` holds such calls."""
+    from tvm import tirx
+
+    from forge_core.ir.constant_arithmetic import fold_constant
+
+    batch, sequence = tirx.Var("batch", "int64"), tirx.Var("sequence", "int64")
+    x = relax.Var("x", relax.TensorType([batch, sequence, 12], "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            shape = bb.emit(relax.op.shape_to_tensor(relax.op.shape_of(x)))
+            ends = bb.emit(relax.op.scatter_elements(shape, relax.const(np.array([2]), "int64"),
+                                                     relax.const(np.array([4]), "int64")))
+            zeros, ones = (relax.const(np.full(3, v), "int64") for v in (0, 1))
+            out = bb.emit_output(bb.emit(relax.op.dynamic_strided_slice(x, zeros, ends, ones)))
+        bb.emit_func_output(out)
+    folded = fold_constant(bb.get())
+    assert [gv.name_hint for gv in folded.functions] == ["main"]
+    assert "dynamic_strided_slice" in folded.script()  # the call as it was, for the pipeline to legalize
+    executable = tvm.compile(folded, target="llvm")
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    data = RNG.standard_normal((2, 3, 12)).astype("float32")
+    np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(data)).numpy(), data[:, :, :4])

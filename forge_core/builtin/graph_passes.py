@@ -24,6 +24,7 @@ from tvm import relax
 from forge_core.compiler.options import CHANNEL_LAYOUTS
 from forge_core.errors import OptionError
 from forge_core.hookspecs import hookimpl
+from forge_core.ir.constant_arithmetic import fold_constant
 from forge_core.passes import PassContext
 
 logger = logging.getLogger("forge.quantization")
@@ -88,8 +89,9 @@ def set_float16(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:
 
 def simplify(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:
     """Fold constants, then eliminate common subexpressions and dead code."""
-    return _run(mod, context, [relax.transform.FoldConstant(), relax.transform.EliminateCommonSubexpr(),
-                               relax.transform.DeadCodeElimination(["main"])])
+    with tvm.transform.PassContext(opt_level=int(context.options.get("opt_level", 3))):
+        mod = fold_constant(mod)
+    return _run(mod, context, [relax.transform.EliminateCommonSubexpr(), relax.transform.DeadCodeElimination(["main"])])
 
 
 @hookimpl

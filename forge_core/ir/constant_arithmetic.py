@@ -164,3 +164,43 @@ def fold_arithmetic(mod: tvm.IRModule) -> tvm.IRModule:
             if folded:
                 updated[gv] = new
     return replace_functions(mod, updated)
+
+
+# Relax's FoldConstant legalizes a ``dynamic_strided_slice`` (a Slice whose ends are computed at run time) to
+# find its shape, keeps the legalized calls, and drops the PrimFunc they call (its ``shape_func``): the module
+# then fails to build ("There is no definition of I.GlobalVar("shape_func")"). Such calls are held out of it.
+_HELD_OPS = ("relax.dynamic_strided_slice",)
+_HELD_PREFIX = "forge.held_op."
+
+
+@relax.expr_functor.mutator
+class _HoldCalls(relax.expr_functor.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, hold: bool) -> None:
+        super().__init__(mod)
+        self.hold = hold
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 (TVM's name)
+        call = super().visit_call_(call)
+        if self.hold and isinstance(call.op, tvm.ir.Op) and str(call.op.name) in _HELD_OPS:
+            return relax.call_pure_packed(_HELD_PREFIX + str(call.op.name), *call.args, ty_args=call.ty)
+        if not self.hold and isinstance(call.op, tvm.ir.Op) and str(call.op.name) == "relax.call_pure_packed":
+            callee = call.args[0]
+            name = str(getattr(callee, "global_symbol", ""))
+            if name.startswith(_HELD_PREFIX):
+                return relax.Call(tvm.ir.Op.get(name[len(_HELD_PREFIX):]), list(call.args[1:]))
+        return call
+
+
+def _held(mod: tvm.IRModule, hold: bool) -> tvm.IRModule:
+    updated = {}
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            body = _HoldCalls(mod, hold).visit_expr(func.body)
+            if not body.same_as(func.body):
+                updated[gv] = relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)
+    return replace_functions(mod, updated) if updated else mod
+
+
+def fold_constant(mod: tvm.IRModule) -> tvm.IRModule:
+    """Relax's ``FoldConstant`` on a module of Relax operators, with the calls it would break held out of it."""
+    return relax.transform.Normalize()(_held(relax.transform.FoldConstant()(_held(mod, True)), False))

@@ -24,7 +24,7 @@ import tvm
 from tvm import relax
 
 from forge_core.graph.index import _handle
-from forge_core.ir.constant_arithmetic import fold_arithmetic
+from forge_core.ir.constant_arithmetic import fold_arithmetic, fold_constant
 
 _INTEGER_DTYPES = frozenset({"int8", "uint8", "int16", "int32"})
 
@@ -124,7 +124,7 @@ def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
         params = [*func.params, *(var for var, _ in stand_ins.values())]
         updated[gv] = relax.Function(params, body, func.ret_ty, func.is_pure, func.attrs)
         held[gv] = stand_ins
-    folded = relax.transform.FoldConstant()(fold_arithmetic(updated))
+    folded = fold_constant(fold_arithmetic(updated))
     for gv, stand_ins in held.items():
         func = folded[gv.name_hint]
         # Bound by variable: the names are only hints.

@@ -11,7 +11,7 @@ from tvm import relax, s_tir, tirx
 from tvm.s_tir import dlight
 
 from forge_core.passes import replace_functions
-from forge_core.schedules.batch_loop import per_batch_item
+from forge_core.schedules.batch_loop import batch_var, per_batch_item
 from forge_core.schedules.blocks import blocks, is_static
 from forge_core.schedules.conv2d import PREPACK, Conv2dNCHW
 from forge_core.schedules.conv_nd import ConvNCX, GroupedConvNCX
@@ -25,6 +25,7 @@ from forge_core.schedules.plane_reduction import PlaneReduction
 from forge_core.schedules.pointwise_conv2d import PointwiseConv2dNCHW
 from forge_core.schedules.pool import WindowPoolNCX
 from forge_core.schedules.reduction import ScalarReduction, WholeTensorReduction
+from forge_core.schedules.row_blocks import BLOCK_ROWS, per_row_block, row_prefix, rows_per_item
 
 logger = logging.getLogger("forge.schedule")
 
@@ -57,16 +58,32 @@ def apply_rules(mod: tvm.IRModule, target: tvm.target.Target, rules: Sequence[dl
             if not isinstance(func, tirx.PrimFunc) or _is_scheduled(func):
                 continue
             scheduled = None
-            if not is_static(func):  # a dynamic batch: the static schedule of one item, in a loop (batch_loop.py)
-                try:
-                    scheduled = per_batch_item(func, lambda item: _first_rule(item, target, rules, gv.name_hint))
-                except Exception as exc:  # noqa: BLE001 - see the docstring: the symbolic path takes it
-                    logger.debug("per-batch-item schedule failed on %s: %s", gv.name_hint, exc)
+            if not is_static(func):
+                scheduled = _per_item_or_rows(func, target, rules, gv.name_hint)
             if scheduled is None:
                 scheduled = _first_rule(func, target, rules, gv.name_hint)
             if scheduled is not None:
                 updated[gv] = scheduled
     return replace_functions(mod, updated)
+
+
+def _per_item_or_rows(func: tirx.PrimFunc, target: tvm.target.Target, rules: Sequence[dlight.ScheduleRule],
+                      name_hint: str) -> tirx.PrimFunc | None:
+    """A dynamic function as a static schedule in a loop: of one batch item where an item is a kernel's worth of
+    rows (batch_loop.py: a convolution's image), else of a block of rows (row_blocks.py: a transformer's
+    ``[batch, sequence, hidden]``); None when it has neither form."""
+    def schedule(item: tirx.PrimFunc) -> tirx.PrimFunc | None:
+        return _first_rule(item, target, rules, name_hint)
+
+    try:
+        prefix = row_prefix(func)
+        if batch_var(func) is not None and (prefix is None or rows_per_item(func, prefix) >= BLOCK_ROWS):
+            return per_batch_item(func, schedule)
+        if prefix is not None:
+            return per_row_block(func, schedule)
+    except Exception as exc:  # noqa: BLE001 - see apply_rules: the symbolic path takes it
+        logger.debug("per-item or row-block schedule failed on %s: %s", name_hint, exc)
+    return None
 
 
 def _first_rule(func: tirx.PrimFunc, target: tvm.target.Target, rules: Sequence[dlight.ScheduleRule],

@@ -49,6 +49,7 @@ from tvm.s_tir.dlight.analysis import get_root_block
 
 from forge_core.errors import CompilationError
 from forge_core.schedules.batch_loop import BATCH_LOOP_ATTR, batch_bound
+from forge_core.schedules.row_blocks import BLOCK_ROWS, ROW_BLOCKS_ATTR, bind_rows
 
 logger = logging.getLogger("forge.verify")
 
@@ -418,6 +419,19 @@ def _with_batch(original: tirx.PrimFunc, scheduled: tirx.PrimFunc, batch: int) -
     return original.specialize(batch_bound(original, batch)), scheduled.specialize(batch_bound(scheduled, batch))
 
 
+def verified_rows(names: list[str]) -> list[dict[str, int]]:
+    """The sizes a function scheduled by row blocks is verified at: rows over a block and not a multiple of it
+    (the last block overlaps the one before), and fewer rows than a block (computed in a zeroed scratch block).
+    With two dims or more, the first is 3, so that the rows of several items follow each other."""
+    over = {name: 1 for name in names}
+    over[names[-1]] = BLOCK_ROWS // 2 - 1 if len(names) > 1 else BLOCK_ROWS + 5
+    if len(names) > 1:
+        over[names[0]] = 3
+    under = {name: 1 for name in names}
+    under[names[-1]] = 5
+    return [over, under]
+
+
 def verify_schedules(before: tvm.IRModule, after: tvm.IRModule, target: tvm.target.Target,
                      default_rule: str) -> VerificationReport:
     """Verify every PrimFunc of ``after`` that differs from the same function in ``before``.
@@ -443,7 +457,15 @@ def verify_schedules(before: tvm.IRModule, after: tvm.IRModule, target: tvm.targ
                 # The loop over the batch and the item views are checked with the batch bound to a size.
                 rule = f"{rule} per batch item"
                 original, func = _with_batch(original, func, VERIFIED_BATCH)
-            skipped = verify_function(name, rule, original, func, target)
+            if func.attrs is not None and ROW_BLOCKS_ATTR in func.attrs:
+                # The blocks of rows, the overlapping last one and the scratch block, each at a size that takes it.
+                rule = f"{rule} by row blocks"
+                skipped = None
+                for sizes in verified_rows(str(func.attrs[ROW_BLOCKS_ATTR]).split(",")):
+                    skipped = skipped or verify_function(name, rule, original.specialize(bind_rows(original, sizes)),
+                                                         func.specialize(bind_rows(func, sizes)), target)
+            else:
+                skipped = verify_function(name, rule, original, func, target)
         except ScheduleVerificationError:
             raise
         except Exception as exc:  # noqa: BLE001 - a function the checker cannot build or run: say so, never hide it
