@@ -5,7 +5,9 @@ normalization), which do not (a row read by another, a reduction over the rows, 
 a static table's index, an in-place kernel), and the scheduled kernels against their unscheduled form at sizes
 that take each path: whole blocks, an overlapping last block, fewer rows than a block (the scratch block); with and
 without an epilogue, at odd sizes, with the weight repacking run once. Verification mode checks them at those
-sizes. End to end, a transformer exported with a dynamic batch and sequence against onnxruntime.
+sizes. The attention's matmuls, whose rows are not independent, take the DynamicMatmul rule, its softmax
+DynamicRowReduction. End to end, a
+transformer exported with a dynamic batch and sequence against onnxruntime, at two opt_levels.
 """
 
 from __future__ import annotations
@@ -132,15 +134,18 @@ def test_a_static_batch_of_one_and_a_dynamic_sequence_runs_by_blocks_too():
     _check_sizes(func, scheduled, ("sequence",), [(s,) for s in (48, 21, 16, 5, 1)], 1)
 
 
-def test_one_dynamic_dim_of_vectors_runs_by_blocks_not_one_vector_at_a_time():
-    """``[n, k] @ [k, m]``: a batch item is one row, so the batch loop would run a matrix-vector product per row."""
+def test_a_dynamic_batch_of_vectors_keeps_the_batch_loop():
+    """``[n, k] @ [k, m]`` (a classifier's head): a matrix-vector product per item reads the weights once at a batch
+    of 1, where a block would compute 16 rows for one; the row-block form computes the same."""
     n = tirx.Var("n", "int64")
     x = relax.Var("x", relax.TensorType([n, 64], "float32"))
     w = relax.Var("w", relax.TensorType([64, 48], "float32"))
     func = _fused([x, w], lambda bb, x, w: relax.op.nn.relu(relax.op.matmul(x, w)))
     scheduled = _schedule(func)
-    assert ROW_BLOCKS_ATTR in scheduled.attrs and BATCH_LOOP_ATTR not in scheduled.attrs
-    _check_sizes(func, scheduled, ("n",), [(40,), (21,), (3,)], 2)
+    assert BATCH_LOOP_ATTR in scheduled.attrs and ROW_BLOCKS_ATTR not in scheduled.attrs
+    blocked = per_row_block(func, _schedule)
+    assert blocked.attrs[ROW_BLOCKS_ATTR] == "n"
+    _check_sizes(func, blocked, ("n",), [(40,), (21,), (3,)], 2)
 
 
 def test_a_convolution_over_a_dynamic_batch_keeps_the_batch_loop():
@@ -230,6 +235,38 @@ def test_an_in_place_kernel_is_left_to_the_symbolic_path():
     assert row_prefix(in_place) is None
 
 
+def _attention(kind: str) -> tirx.PrimFunc:
+    batch, sequence = _variables()
+    q = relax.Var("q", relax.TensorType([batch, 4, sequence, 32], "float32"))
+    k = relax.Var("k", relax.TensorType([batch, 4, 32, sequence], "float32"))
+    if kind == "scores-scaled":  # Q @ K^T / sqrt(d): the columns are the sequence, with an epilogue
+        return _fused([q, k], lambda bb, q, k: relax.op.divide(relax.op.matmul(q, k), relax.const(5.65, "float32")))
+    if kind == "scores":
+        return _fused([q, k], lambda bb, q, k: relax.op.matmul(q, k))
+    p = relax.Var("p", relax.TensorType([batch, 4, sequence, sequence], "float32"))
+    v = relax.Var("v", relax.TensorType([batch, 4, sequence, 24], "float32"))  # P @ V: the reduction is the sequence
+    return _fused([p, v], lambda bb, p, v: relax.op.matmul(p, v))
+
+
+@pytest.mark.parametrize("kind", ["scores-scaled", "scores", "weighted-values"])
+def test_the_attention_matmuls_over_a_dynamic_sequence_take_the_dynamic_matmul_rule(kind):
+    func = _attention(kind)
+    assert row_prefix(func) is None
+    scheduled = _schedule(func)
+    assert str(scheduled.attrs[RULE_ATTR]) == "DynamicMatmul"
+    _check_sizes(func, scheduled, ("batch", "sequence"), [(1, 16), (3, 7), (2, 33), (1, 1)], len(kind))
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_a_softmax_over_a_dynamic_sequence_is_computed_row_by_row(op):
+    batch, sequence = _variables()
+    scores = relax.Var("scores", relax.TensorType([batch, 4, sequence, sequence], "float32"))
+    func = _fused([scores], lambda bb, x: getattr(relax.op.nn, op)(x, axis=-1))
+    scheduled = _schedule(func)
+    assert str(scheduled.attrs[RULE_ATTR]) == "DynamicRowReduction"
+    _check_sizes(func, scheduled, ("batch", "sequence"), [(1, 16), (3, 7), (2, 33), (1, 1)], len(op))
+
+
 @pytest.mark.parametrize("case", ["bias-gelu", "residual"])
 def test_verification_mode_checks_the_blocks_the_overlap_and_the_scratch_block(case):
     """Verification binds the dims (a static function): with two batched inputs, TVM's storage planning once gave
@@ -242,7 +279,9 @@ def test_verification_mode_checks_the_blocks_the_overlap_and_the_scratch_block(c
     assert report.verified == ["main"] and not report.skipped
 
 
-def test_a_transformer_with_a_dynamic_batch_and_sequence_matches_onnxruntime_and_tiles_its_dense_layers(tmp_path):
+@pytest.mark.parametrize("opt_level", [1, 3])
+def test_a_transformer_with_a_dynamic_batch_and_sequence_matches_onnxruntime_and_tiles_its_dense_layers(tmp_path,
+                                                                                                     opt_level):
     import forge
 
     ort = pytest.importorskip("onnxruntime", reason="onnxruntime is the reference (installed by ./scripts/setup)")
@@ -272,10 +311,13 @@ def test_a_transformer_with_a_dynamic_batch_and_sequence_matches_onnxruntime_and
         warnings.simplefilter("ignore")
         torch.onnx.export(layer, (torch.randn(1, 10, 48),), buffer, input_names=["x"], output_names=["y"],
                           opset_version=17, dynamo=False, dynamic_axes={"x": {0: "batch", 1: "sequence"}})
-    forge.from_onnx(buffer.getvalue()).compile(output_path=tmp_path / "artifact", export_metadata=True)
+    forge.from_onnx(buffer.getvalue()).compile(output_path=tmp_path / "artifact", export_metadata=True,
+                                                  opt_level=opt_level)
     rules = json.loads((tmp_path / "artifact" / "model_metadata.json").read_text())["schedules"]["rules"]
     dense = {name: rule for name, rule in rules.items() if "matmul" in name and "add" in name}
     assert dense and set(dense.values()) == {"Matmul"}, rules  # the projections and the feed-forward layers
+    attention = {name: rule for name, rule in rules.items() if "matmul" in name and "add" not in name}
+    assert attention and set(attention.values()) == {"DynamicMatmul"}, rules
     runtime = forge.Runtime(tmp_path / "artifact")
     session = ort.InferenceSession(buffer.getvalue(), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(4)

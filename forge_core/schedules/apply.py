@@ -20,12 +20,12 @@ from forge_core.schedules.depthwise_flat import FlatDepthwiseNCHW
 from forge_core.schedules.elementwise import Elementwise, Generic
 from forge_core.schedules.grouped_conv2d import GroupedConv2dNCHW
 from forge_core.schedules.int8 import Int8Conv2dNCHW, Int8Matmul, Int8PointwiseConv2dNCHW
-from forge_core.schedules.matmul import Matmul
+from forge_core.schedules.matmul import DynamicMatmul, Matmul
 from forge_core.schedules.plane_reduction import PlaneReduction
 from forge_core.schedules.pointwise_conv2d import PointwiseConv2dNCHW
 from forge_core.schedules.pool import WindowPoolNCX
-from forge_core.schedules.reduction import ScalarReduction, WholeTensorReduction
-from forge_core.schedules.row_blocks import BLOCK_ROWS, per_row_block, row_prefix, rows_per_item
+from forge_core.schedules.reduction import DynamicRowReduction, ScalarReduction, WholeTensorReduction
+from forge_core.schedules.row_blocks import per_row_block, row_prefix
 
 logger = logging.getLogger("forge.schedule")
 
@@ -38,8 +38,8 @@ def default_rules() -> list[dlight.ScheduleRule]:
     """Forge's CPU rules, most specific first."""
     return [Int8PointwiseConv2dNCHW(), Int8Conv2dNCHW(), Int8Matmul(), PointwiseConv2dNCHW(), Conv2dNCHW(),
             FlatDepthwiseNCHW(), GroupedConv2dNCHW(), ConvTransposeNCHW(), ConvNCX(), GroupedConvNCX(), WindowPoolNCX(),
-            Matmul(), WholeTensorReduction(), PlaneReduction(), ScalarReduction(), dlight.cpu.Reduction(),
-            Elementwise(), Generic()]
+            Matmul(), DynamicMatmul(), WholeTensorReduction(), PlaneReduction(), ScalarReduction(),
+            DynamicRowReduction(), dlight.cpu.Reduction(), Elementwise(), Generic()]
 
 
 def _is_scheduled(func: tirx.PrimFunc) -> bool:
@@ -69,17 +69,20 @@ def apply_rules(mod: tvm.IRModule, target: tvm.target.Target, rules: Sequence[dl
 
 def _per_item_or_rows(func: tirx.PrimFunc, target: tvm.target.Target, rules: Sequence[dlight.ScheduleRule],
                       name_hint: str) -> tirx.PrimFunc | None:
-    """A dynamic function as a static schedule in a loop: of one batch item where an item is a kernel's worth of
-    rows (batch_loop.py: a convolution's image), else of a block of rows (row_blocks.py: a transformer's
-    ``[batch, sequence, hidden]``); None when it has neither form."""
+    """A dynamic function as a static schedule in a loop: of one batch item where the batch is the only dynamic
+    dim (batch_loop.py), else of a block of rows (row_blocks.py: a transformer's ``[batch, sequence, hidden]``);
+    None when it has neither form.
+
+    A batch item is one row of a classifier's ``[n, 1280] @ [1280, 1000]``: the loop runs a matrix-vector
+    product per item, which at a batch of 1 (the latency users measure) reads the weights once, where a block
+    would compute 16 rows for one."""
     def schedule(item: tirx.PrimFunc) -> tirx.PrimFunc | None:
         return _first_rule(item, target, rules, name_hint)
 
     try:
-        prefix = row_prefix(func)
-        if batch_var(func) is not None and (prefix is None or rows_per_item(func, prefix) >= BLOCK_ROWS):
+        if batch_var(func) is not None:
             return per_batch_item(func, schedule)
-        if prefix is not None:
+        if row_prefix(func) is not None:
             return per_row_block(func, schedule)
     except Exception as exc:  # noqa: BLE001 - see apply_rules: the symbolic path takes it
         logger.debug("per-item or row-block schedule failed on %s: %s", name_hint, exc)

@@ -85,3 +85,47 @@ def _narrow_tile(rows: int, cols: int, vec: int, registers: int) -> tuple[int, i
     if not tiles:
         return largest_divisor(rows, MAX_ROWS), 1
     return max(tiles, key=lambda t: (t[0] * t[1], -(t[0] + t[1])))
+
+
+class DynamicMatmul(dlight.ScheduleRule):
+    """A matmul over dynamic extents that no static block takes (attention over a dynamic sequence: ``Q @ K^T``,
+    whose columns are the sequence, and ``P @ V``, whose reduction is): one output row a task, the reduction
+    outside the row, the row's columns innermost (whole vectors where the columns are static; LLVM vectorizes a
+    dynamic row), the epilogue computed after each row. The generic reduction rule computed one element at a
+    time: BERT-6's attention at sequence 128 took 59 ms of the 109 ms.
+    """
+
+    def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:  # type: ignore[override]
+        if not isinstance(func, tirx.PrimFunc) or is_static(func):
+            return None
+        sch = s_tir.Schedule(func)
+        reductions = [b for b in blocks(sch) if "R" in iter_kinds(sch, b)]
+        if len(reductions) != 1:
+            return None
+        mm = reductions[0]
+        kinds = iter_kinds(sch, mm)
+        if not (kinds.endswith("SSR") and kinds.count("R") == 1 and set(kinds[:-1]) == {"S"}):
+            return None
+        stmt = sch.get(mm)
+        if len(stmt.reads) != 2 or not any(word in name_of(sch, mm) for word in ("matmul", "dense")):
+            return None
+        if any(set(iter_kinds(sch, b)) != {"S"} for b in blocks(sch) if not sch.get(b).same_as(stmt)):
+            return None
+        *batch, i, j, k = sch.get_loops(mm)
+        epilogue = split_epilogue(sch, mm)
+        sch.reorder(*batch, i, k, j)
+        row = sch.fuse(*batch, i) if batch else i
+        cols = extent(sch, j)
+        vec = vector_unit(target).vector_factor(cols, str(stmt.writes[0].source.dtype)) if cols else 1
+        if vec > 1:
+            _, lanes = sch.split(j, [None, vec])
+            sch.vectorize(lanes)
+        if epilogue is not None:
+            sch.reverse_compute_at(epilogue, row)
+            inner = sch.get_loops(epilogue)[-1]
+            if cols and vec > 1:
+                _, lanes = sch.split(inner, [None, vec])
+                sch.vectorize(lanes)
+        sch.parallel(row)
+        sch.decompose_reduction(mm, k)
+        return sch

@@ -96,3 +96,34 @@ class ScalarReduction(dlight.ScheduleRule):
         factored = sch.rfactor(partial, 0)  # partial results along the split's inner loop
         sch.vectorize(sch.get_loops(factored)[-1])  # the partial results, one lane each
         return sch
+
+
+class DynamicRowReduction(dlight.ScheduleRule):
+    """Stages over rows of a dynamic length (a softmax over a dynamic sequence), computed row by row.
+
+    The rows (every loop but the last of the last stage) are fused and run in
+    parallel; each earlier stage (the row's max, its exponentials, their sum) is
+    computed under that loop for its row, and every stage's loop along the row
+    stays whole, for LLVM to vectorize at any length. ``dlight.cpu.Reduction``
+    split the row into blocks of 16 guarded by the length, which left the
+    guarded loops scalar: BERT-6's softmax at sequence 128 took 10.1 ms, against
+    2.6 ms in the static model.
+    """
+
+    def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:  # type: ignore[override]
+        if not isinstance(func, tirx.PrimFunc) or is_static(func):
+            return None
+        sch = s_tir.Schedule(func)
+        all_blocks = blocks(sch)
+        if len(all_blocks) < 2 or not any("R" in iter_kinds(sch, b) for b in all_blocks[:-1]):
+            return None
+        last = all_blocks[-1]
+        kinds = iter_kinds(sch, last)
+        loops = sch.get_loops(last)
+        if set(kinds) != {"S"} or len(loops) != len(kinds) or len(loops) < 2 or extent(sch, loops[-1]) is not None:
+            return None
+        row = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+        for block in reversed(all_blocks[:-1]):
+            sch.compute_at(block, row, preserve_unit_loops=False)
+        sch.parallel(row)
+        return sch

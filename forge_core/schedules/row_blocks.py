@@ -15,8 +15,7 @@ touch no row (a rule's weight repacking) run once, before the loop.
 
 This generalizes :mod:`forge_core.schedules.batch_loop` (one batch item, one
 dynamic dim) to a prefix of dynamic dims whose items are rows; the batch loop
-stays the choice where one batch item is a kernel's worth of work (a
-convolution's image). A function without that form (a dim reduced over,
+stays the choice where the batch is the only dynamic dim. A function without that form (a dim reduced over,
 moved, broadcast, an index that reads another row, a row's position used as
 a value, a buffer both read and overwritten) is left to the rules' symbolic
 path.
@@ -207,19 +206,6 @@ def _only_as_row_indices(realize: s_tir.SBlockRealize, batched: list[object], ra
     seen = {v.__chandle__() for p in stripped for v in _symbolic_vars(p)}
     seen |= {v.__chandle__() for v in _symbolic_vars(realize.predicate)}
     return not any(v.__chandle__() in seen for v in row_vars)
-
-
-def rows_per_item(func: tirx.PrimFunc, prefix: list[object]) -> int:
-    """The rows of one position of the leading dims: the product of a batched parameter's static dims but the last
-    (the largest over the parameters); 1 when a position is a vector."""
-    most = 1
-    for param in func.params:
-        dims = list(getattr(param.ty, "shape", None) or ())
-        if not dims or _is_static(dims):
-            continue
-        rest = [int(d) for d in dims[len(prefix):]]
-        most = max(most, math.prod(rest[:-1]) if len(rest) > 1 else 1)
-    return most
 
 
 def bind_rows(func: tirx.PrimFunc, sizes: dict[str, int]) -> dict[object, object]:
