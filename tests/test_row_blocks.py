@@ -21,9 +21,11 @@ import pytest
 import tvm
 from tvm import relax, te, tirx, topi
 from tvm.script import tirx as T
+from tvm.sym import Analyzer
 
 from forge_core.schedules.apply import RULE_ATTR, apply_rules, default_rules
-from forge_core.schedules.batch_loop import BATCH_LOOP_ATTR
+from forge_core.schedules.rewrite import substitute
+from forge_core.schedules.batch_loop import BATCH_LOOP_ATTR, _symbolic_vars
 from forge_core.schedules.row_blocks import BLOCK_ROWS, ROW_BLOCKS_ATTR, per_row_block, row_prefix
 from forge_core.schedules.verify import verify_schedules
 from forge_core.targets.isa import runnable_here
@@ -85,7 +87,14 @@ def _run(func: tirx.PrimFunc, arrays: list[np.ndarray]) -> np.ndarray:
 
 
 def _dims(func: tirx.PrimFunc, sizes: dict[str, int]) -> list[list[int]]:
-    return [[sizes[str(d.name)] if isinstance(d, tirx.Var) else int(d) for d in p.ty.shape] for p in func.params]
+    """Each parameter's shape with the dims bound to ``sizes`` (a dim may be an expression of them)."""
+    analyzer = Analyzer()
+    values = {}
+    for param in func.params:
+        for dim in param.ty.shape:
+            for var in _symbolic_vars(dim):
+                values[var.__chandle__()] = (var, tirx.IntImm(str(var.ty), sizes[str(var.name)]))
+    return [[int(analyzer.simplify(substitute(d, list(values.values())))) for d in p.ty.shape] for p in func.params]
 
 
 def _check_sizes(func: tirx.PrimFunc, scheduled: tirx.PrimFunc, names: tuple[str, ...], sizes, seed: int) -> None:
