@@ -276,6 +276,17 @@ def test_a_softmax_over_a_dynamic_sequence_is_computed_row_by_row(op):
     _check_sizes(func, scheduled, ("batch", "sequence"), [(1, 16), (3, 7), (2, 33), (1, 1)], len(op))
 
 
+def test_verification_mode_checks_the_dynamic_attention_and_softmax_rules_at_bound_sizes():
+    batch, sequence = _variables()
+    scores = relax.Var("scores", relax.TensorType([batch, 4, sequence, sequence], "float32"))
+    softmax = _fused([scores], lambda bb, x: relax.op.nn.softmax(x, axis=-1))
+    for func in (_attention("scores-scaled"), _attention("weighted-values"), softmax):
+        before = tvm.IRModule({"main": func})
+        after = apply_rules(before, TARGET, default_rules())
+        report = verify_schedules(before, after, TARGET, "default")
+        assert report.verified == ["main"] and not report.skipped
+
+
 @pytest.mark.parametrize("case", ["bias-gelu", "residual"])
 def test_verification_mode_checks_the_blocks_the_overlap_and_the_scratch_block(case):
     """Verification binds the dims (a static function): with two batched inputs, TVM's storage planning once gave

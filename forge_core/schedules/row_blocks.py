@@ -29,6 +29,7 @@ from collections.abc import Callable
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
+from tvm.sym import Analyzer
 
 from forge_core.schedules.batch_loop import _bound_vars, _contains, _is_static, _needs_alignment, _symbolic_vars, _touched
 from forge_core.schedules.rewrite import substitute
@@ -209,16 +210,27 @@ def _only_as_row_indices(realize: s_tir.SBlockRealize, batched: list[object], ra
 
 
 def bind_rows(func: tirx.PrimFunc, sizes: dict[str, int]) -> dict[object, object]:
-    """Each parameter with dynamic dims -> a buffer of the same type with those dims bound (``{"s": 7}``), for
-    ``func.specialize``."""
+    """Each parameter with dynamic dims -> a buffer of the same type with those dims bound (``{"s": 7}``; a dim
+    that is an expression of them evaluated), for ``func.specialize``."""
+    analyzer = Analyzer()
     bound = {}
     for param in func.params:
         dims = list(getattr(param.ty, "shape", None) or ())
         if not dims or _is_static(dims):
             continue
-        static = [tirx.IntImm(str(d.ty), sizes[str(d.name)]) if isinstance(d, tirx.Var) else d for d in dims]
+        values = [(v, tirx.IntImm(str(v.ty), sizes[str(v.name)])) for d in dims for v in _symbolic_vars(d)]
+        static = [analyzer.simplify(substitute(d, values)) if values else d for d in dims]
         bound[param] = tirx.decl_buffer(static, str(param.ty.dtype), str(param.name))
     return bound
+
+
+def dim_names(func: tirx.PrimFunc) -> list[str]:
+    """The names of the symbolic dims of ``func``'s parameters, in order of first appearance."""
+    names: list[str] = []
+    for param in func.params:
+        for dim in list(getattr(param.ty, "shape", None) or ()):
+            names.extend(str(v.name) for v in _symbolic_vars(dim) if str(v.name) not in names)
+    return names
 
 
 def per_row_block(func: tirx.PrimFunc, schedule: Callable[[tirx.PrimFunc], tirx.PrimFunc | None],

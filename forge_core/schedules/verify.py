@@ -24,7 +24,9 @@ is what is checked; a function that calls the target's own instructions,
 VNNI's or Arm's ``sdot``, is then not verified, and the log says so). Both
 forms are built into one library by LLVM at ``-O1`` (:data:`LLVM_OPT_LEVEL`):
 the same code generator on both sides, so the schedule is what differs. A function scheduled per
-batch item (``batch_loop.py``) is verified with its batch bound to :data:`VERIFIED_BATCH`; GPU
+batch item (``batch_loop.py``) is verified with its batch bound to :data:`VERIFIED_BATCH`; one scheduled
+by row blocks (``row_blocks.py``) at sizes that take each of its paths (:func:`verified_rows`); one scheduled
+by a rule over symbolic dims (:data:`DYNAMIC_RULES`) with every dim bound to each of :data:`VERIFIED_DIMS`. GPU
 targets' functions and other functions with symbolic shapes are not verified, and the log says so.
 With ``FORGE_VERIFY_CACHE`` set to a directory, a function verified once is remembered there
 across processes.
@@ -49,7 +51,7 @@ from tvm.s_tir.dlight.analysis import get_root_block
 
 from forge_core.errors import CompilationError
 from forge_core.schedules.batch_loop import BATCH_LOOP_ATTR, batch_bound
-from forge_core.schedules.row_blocks import BLOCK_ROWS, ROW_BLOCKS_ATTR, bind_rows
+from forge_core.schedules.row_blocks import BLOCK_ROWS, ROW_BLOCKS_ATTR, bind_rows, dim_names
 
 logger = logging.getLogger("forge.verify")
 
@@ -432,6 +434,12 @@ def verified_rows(names: list[str]) -> list[dict[str, int]]:
     return [over, under]
 
 
+DYNAMIC_RULES = ("DynamicMatmul", "DynamicRowReduction")
+"""Rules that schedule a function over its symbolic dims: verified with every dim bound to each of
+:data:`VERIFIED_DIMS` (a size below a vector and a size over several, neither a multiple of one)."""
+VERIFIED_DIMS = (5, 19)
+
+
 def verify_schedules(before: tvm.IRModule, after: tvm.IRModule, target: tvm.target.Target,
                      default_rule: str) -> VerificationReport:
     """Verify every PrimFunc of ``after`` that differs from the same function in ``before``.
@@ -464,6 +472,13 @@ def verify_schedules(before: tvm.IRModule, after: tvm.IRModule, target: tvm.targ
                 for sizes in verified_rows(str(func.attrs[ROW_BLOCKS_ATTR]).split(",")):
                     skipped = skipped or verify_function(name, rule, original.specialize(bind_rows(original, sizes)),
                                                          func.specialize(bind_rows(func, sizes)), target)
+            elif rule in DYNAMIC_RULES:
+                skipped = None
+                for size in VERIFIED_DIMS:
+                    sizes = dict.fromkeys(dim_names(original), size)
+                    skipped = skipped or verify_function(
+                        name, f"{rule} at {size}", original.specialize(bind_rows(original, sizes)),
+                        func.specialize(bind_rows(func, sizes)), target)
             else:
                 skipped = verify_function(name, rule, original, func, target)
         except ScheduleVerificationError:
