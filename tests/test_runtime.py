@@ -64,6 +64,18 @@ def test_warm_up(compiled):
         runtime.warm_up(-1)
 
 
+def test_warm_up_runs_the_inputs_given(compiled, monkeypatch):
+    """``forge run --input`` warms up on its inputs: the random ones set a dynamic dim to 1, which a detector
+    whose sizes must be multiples of its stride refuses (``forge run dbnet --input x.npy`` failed so)."""
+    _, out = compiled
+    runtime = Runtime(out)
+    given = [np.full(shape, 0.5, dtype) for shape, dtype in zip(runtime.input_shapes, runtime.input_dtypes)]
+    seen: list[list[np.ndarray]] = []
+    monkeypatch.setattr(runtime, "infer", lambda *arrays: seen.append(list(arrays)))
+    runtime.warm_up(2, given)
+    assert len(seen) == 2 and all(a is b for run in seen for a, b in zip(run, given))
+
+
 def test_uses_every_core_unless_told(compiled, monkeypatch):
     _, out = compiled
     monkeypatch.delenv("TVM_NUM_THREADS", raising=False)

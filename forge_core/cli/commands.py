@@ -445,7 +445,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if remote:  # timed on the device's clock: TVM's time evaluator, the first run not counted
         latencies_ms = runtime.latencies(*arrays, repeat=args.repeat)
     else:
-        runtime.warm_up(args.warmup)
+        runtime.warm_up(args.warmup, arrays)  # the given inputs: a dynamic model may refuse random ones at 1
         # Every page of the timings is written before the first run: a long --repeat (a soak) keeps one
         # resident size from its start to its end, so a leak shows as growth (benchmarks/runtime_soak.py).
         latencies_ms = np.full(args.repeat, np.nan)

@@ -314,11 +314,17 @@ class Runtime(LoadedArtifact):
         """Random inputs matching the signature (dynamic dimensions set to 1)."""
         return random_inputs(self._inputs, seed)
 
-    def warm_up(self, n: int = 10) -> None:
-        """Run the model ``n`` times on random inputs, so later timings are steady."""
+    def warm_up(self, n: int = 10, inputs: Sequence[np.ndarray] | None = None) -> None:
+        """Run the model ``n`` times on ``inputs`` (random ones matching the signature when None), so later
+        timings are steady.
+
+        Give the inputs you will time with a model of dynamic dims: the random
+        ones set those dims to 1, which a detector whose sizes must be multiples
+        of its stride refuses, and which warms up another size.
+        """
         if n < 0:
             raise OptionError(f"warm_up needs a non-negative count, given {n}")
-        inputs = self.example_inputs()
+        inputs = list(inputs) if inputs is not None else self.example_inputs()
         for _ in range(n):
             self.infer(*inputs)
 

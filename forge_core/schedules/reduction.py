@@ -115,8 +115,13 @@ class DynamicRowReduction(dlight.ScheduleRule):
             return None
         sch = s_tir.Schedule(func)
         all_blocks = blocks(sch)
-        if len(all_blocks) < 2 or not any("R" in iter_kinds(sch, b) for b in all_blocks[:-1]):
+        reductions = [b for b in all_blocks[:-1] if "R" in iter_kinds(sch, b)]
+        if len(all_blocks) < 2 or not reductions:
             return None
+        for block in reductions:  # each along the dynamic row (a transposed convolution's channels: not this)
+            reduced = [iv for iv in sch.get(block).iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
+            if len(reduced) != 1 or isinstance(reduced[0].dom.extent, tirx.IntImm):
+                return None
         last = all_blocks[-1]
         kinds = iter_kinds(sch, last)
         loops = sch.get_loops(last)

@@ -434,7 +434,7 @@ def verified_rows(names: list[str]) -> list[dict[str, int]]:
     return [over, under]
 
 
-DYNAMIC_RULES = ("DynamicMatmul", "DynamicRowReduction")
+DYNAMIC_RULES = ("DynamicConv2dNCHW", "DynamicMatmul", "DynamicRowReduction")
 """Rules that schedule a function over its symbolic dims: verified with every dim bound to each of
 :data:`VERIFIED_DIMS` (a size below a vector and a size over several, neither a multiple of one)."""
 VERIFIED_DIMS = (5, 19)

@@ -1,0 +1,189 @@
+"""Convolution, groups=1, NCHW, over a dynamic height and width (a detector taking images of any size).
+
+:class:`~forge_core.schedules.conv2d.Conv2dNCHW` tiles a static row: ``xt``
+output pixels x one to four vectors of output channels, the weights repacked.
+Here the row's width is dynamic. Split by the tile, its last tile would be
+guarded by the width in every multiply-add, which keeps the registers from
+being a tile: the 64->64 3x3 convolution at 160x160 ran 10x slower than the
+static one. Instead the tile's start is clamped, ``min(x0 * xt, width - xt)``:
+the last tile of a row ends at the row's end and overlaps the tile before (its
+pixels are computed twice, with the same values; nothing reads the output),
+and no multiply-add is guarded. A row narrower than a tile takes the guarded
+form of the same loop.
+"""
+
+from __future__ import annotations
+
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.s_tir import dlight
+
+from forge_core.schedules.blocks import blocks, extent, is_static, iter_kinds, largest_divisor, name_of, producer, \
+    vector_unit, vectorize_by_registers
+from forge_core.schedules.conv2d import PREPACK, _tile_for_16_registers
+from forge_core.schedules.epilogue import attach_epilogue, inline_side_inputs, parallel_vectorized, split_epilogue
+from forge_core.schedules.rewrite import substitute
+
+ROW_PIXELS = 12
+"""The tiles a dynamic row is scheduled for divide it: 1, 2, 3, 4, 6 or 12 pixels."""
+
+
+class DynamicConv2dNCHW(dlight.ScheduleRule):
+    """Conv2dNCHW's register tile along a dynamic row, the last tile of a row clamped to its end."""
+
+    def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:  # type: ignore[override]
+        if not isinstance(func, tirx.PrimFunc) or is_static(func):
+            return None
+        sch = s_tir.Schedule(func)
+        convs = [b for b in blocks(sch)
+                 if name_of(sch, b).startswith("conv2d_nchw") and iter_kinds(sch, b) == "SSSSRRR"]
+        if len(convs) != 1:
+            return None
+        conv = convs[0]
+        stmt = sch.get(conv)
+        weight = stmt.reads[-1].source
+        n, f, y, x, rc, ry, rx = sch.get_loops(conv)
+        channels_out = extent(sch, f)
+        if channels_out is None or any(extent(sch, loop) is None for loop in (rc, ry, rx)):
+            return None
+        if len(weight.shape) != 4 or not all(isinstance(d, tirx.IntImm) for d in weight.shape) \
+                or [int(d) for d in weight.shape[:2]] != [channels_out, extent(sch, rc)]:
+            return None  # grouped, or a weight computed at run time
+        if any(set(iter_kinds(sch, b)) != {"S"} for b in blocks(sch) if not sch.get(b).same_as(stmt)):
+            return None
+        width = stmt.iter_vars[3].dom.extent
+        unit = vector_unit(target)
+        dtype = str(stmt.writes[0].source.dtype)
+        vec = unit.vector_factor(channels_out, dtype)
+        if unit.registers <= 16 and vec == unit.lanes(dtype):
+            vec, tile_x = _tile_for_16_registers(channels_out, ROW_PIXELS, vec, unit.registers)
+        else:
+            tile_x = largest_divisor(ROW_PIXELS, max(1, unit.accumulators // max(1, vec // unit.lanes(dtype))))
+        pad = producer(sch, conv, stmt.reads[0].source)
+        inline_side_inputs(sch, conv, pad)
+        epilogue = split_epilogue(sch, conv)
+        weight_index = len(stmt.reads) - 1
+        repack = sch.cache_read(conv, weight_index, "global")
+        sch.transform_layout(conv, ("read", weight_index), lambda o, i, h, w: (o // vec, i, h, w, o % vec))
+        sch.annotate(repack, PREPACK, True)
+        f_outer, f_inner = sch.split(f, [None, vec])
+        x_outer, x_inner = sch.split(x, [None, tile_x])
+        sch.reorder(n, f_outer, y, x_outer, rc, ry, rx, x_inner, f_inner)
+        writer = attach_epilogue(sch, conv, epilogue)
+        # The tile's accumulators with the channels innermost: one vector a pixel (the registers of the tile).
+        sch.transform_layout(conv, ("write", 0), lambda a, b, c, d: (a, b // vec, c, d, b % vec))
+        sch.reverse_compute_at(writer, x_outer)
+        if tile_x >= 4:
+            sch.vectorize(sch.get_loops(writer)[-1])
+        sch.parallel(sch.fuse(n, f_outer, y))
+        if unit.registers <= 16 and vec > 1:
+            vectorize_by_registers(sch, f_inner, unit.lanes(dtype))
+        elif vec > 1:
+            sch.vectorize(f_inner)
+        sch.unroll(x_inner)
+        sch.decompose_reduction(conv, rc)
+        if pad is not None:
+            parallel_vectorized(sch, pad, unit.lanes(dtype))
+        clamped = _clamp_last_tile(sch.mod["main"], sch.get(x_outer), tile_x, width)
+        if clamped is None:
+            return None
+        return s_tir.Schedule(clamped)
+
+
+def _clamp_last_tile(func: tirx.PrimFunc, loop: tirx.For, tile: int, width: tirx.PrimExpr) -> tirx.PrimFunc | None:
+    """``func`` with the tile loop ``loop`` (``x0``) as ``if width >= tile`` a copy whose tiles start at
+    ``min(x0 * tile, width - tile)`` with no guard, else ``loop`` as it is; None when a block under ``loop``
+    has a guard that is not the row's."""
+    x0 = loop.loop_var
+    index_type = str(x0.ty)
+    step = tirx.IntImm(index_type, tile)
+    ok = True
+
+    def realize(node: s_tir.SBlockRealize) -> s_tir.SBlockRealize:
+        nonlocal ok
+        predicate = node.predicate
+        if not (isinstance(predicate, tirx.IntImm) and int(predicate) == 1) and not _mentions(predicate, x0):
+            ok = False  # a guard of another split: keep it, and the schedule
+        return node
+
+    tvm_ffi.structural_map(loop.body, [(s_tir.SBlockRealize, realize)])
+    if not ok:
+        return None
+    start = tirx.Var("x_start", index_type)
+    # A copy of the loop with fresh definitions (its blocks' variables and buffers), on the function's own
+    # parameters and root buffers: the k-th loop of a renewed copy of the function.
+    copy_func = s_tir.renew_defs(func)
+    position = next(i for i, l in enumerate(_loops(func)) if l.same_as(loop))
+    copy_loop = _loops(copy_func)[position]
+    pairs = list(zip(copy_func.params, func.params))
+    pairs += list(zip(copy_func.body.block.alloc_buffers, func.body.block.alloc_buffers))
+    own_loops, copied_loops = _loops(func), _loops(copy_func)
+    for own, copied in zip(own_loops, copied_loops):  # the loops around the tile loop (the parallel rows)
+        if not own.same_as(loop) and _encloses(own, loop):
+            pairs.append((copied.loop_var, own.loop_var))
+    for copied, own in zip(copy_func.params, func.params):  # the dims, if renewed with their buffers
+        for a, b in zip(getattr(copied.ty, "shape", None) or (), getattr(own.ty, "shape", None) or ()):
+            if isinstance(a, tirx.Var) and isinstance(b, tirx.Var) and not a.same_as(b):
+                pairs.append((a, b))
+    copy_body = substitute(copy_loop.body, pairs)
+    copy_x0 = copy_loop.loop_var
+    fresh = tirx.Var(str(x0.name), index_type)
+
+    def tile_start(mul: tirx.Mul) -> object:
+        if isinstance(mul.a, tirx.Var) and mul.a.same_as(copy_x0) and isinstance(mul.b, tirx.IntImm) \
+                and int(mul.b) == tile:
+            return start
+        return mul
+
+    def unguarded(node: s_tir.SBlockRealize) -> s_tir.SBlockRealize:
+        return s_tir.SBlockRealize(list(node.iter_values), tirx.const(True, "bool"), node.block)
+
+    body = tvm_ffi.structural_map(copy_body, [(tirx.Mul, tile_start)])
+    if _mentions(body, copy_x0):
+        return None  # the tile variable used otherwise than as the tile's start
+    body = tvm_ffi.structural_map(body, [(s_tir.SBlockRealize, unguarded)])
+    clamped_start = tirx.Min(fresh * step, width - step)
+    clamped = tirx.For(fresh, loop.min, loop.extent, loop.kind,
+                       tirx.SeqStmt([tirx.LetStmt(start, clamped_start), body]), annotations=loop.annotations)
+    choice = tirx.IfThenElse(width >= step, clamped, loop)
+
+    def swap(node: tirx.For) -> tirx.Stmt:
+        return choice if node.same_as(loop) else node
+
+    return tvm_ffi.structural_map(func, [(tirx.For, swap)])
+
+
+def _mentions(expr: object, var: tirx.Var) -> bool:
+    found = False
+
+    def visit(node: tirx.Var) -> tirx.Var:
+        nonlocal found
+        found = found or node.same_as(var)
+        return node
+
+    tvm_ffi.structural_map(expr, [(tirx.Var, visit)])
+    return found
+
+
+def _loops(func: tirx.PrimFunc) -> list[tirx.For]:
+    """The function's loops, in the order ``structural_map`` visits them."""
+    found: list[tirx.For] = []
+
+    def visit(node: tirx.For) -> tirx.For:
+        found.append(node)
+        return node
+
+    tvm_ffi.structural_map(func.body, [(tirx.For, visit)])
+    return found
+
+
+def _encloses(outer: tirx.For, inner: tirx.For) -> bool:
+    found = False
+
+    def visit(node: tirx.For) -> tirx.For:
+        nonlocal found
+        found = found or node.same_as(inner)
+        return node
+
+    tvm_ffi.structural_map(outer.body, [(tirx.For, visit)])
+    return found
