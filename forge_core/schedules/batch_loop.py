@@ -186,6 +186,26 @@ def _contains(buffers: list[object], buffer: object) -> bool:
     return any(buffer.same_as(b) for b in buffers)
 
 
+def split_stages(root: s_tir.SBlock, batched: list[object]) -> tuple[list[tirx.Stmt], list[tirx.Stmt]]:
+    """The root's stages that touch no batched buffer, nor one a batched stage wrote (a rule's weight
+    repacking: run once, before the loop), and the others (run for each item)."""
+    stmts = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
+    hoisted: list[tirx.Stmt] = []
+    looped: list[tirx.Stmt] = []
+    tainted = list(batched)
+    looped_touched: list[object] = []
+    for stmt in stmts:
+        reads, writes = _touched(stmt)
+        if not any(_contains(tainted, b) for b in (*reads, *writes)) \
+                and not any(_contains(looped_touched, b) for b in writes):
+            hoisted.append(stmt)
+            continue
+        looped.append(stmt)
+        tainted.extend(writes)
+        looped_touched.extend((*reads, *writes))
+    return hoisted, looped
+
+
 def batch_bound(func: tirx.PrimFunc, size: int) -> dict[object, object]:
     """Each parameter with a dynamic first dim -> a buffer of the same type with that dim ``size``, for
     ``func.specialize``."""
@@ -238,21 +258,7 @@ def per_batch_item(func: tirx.PrimFunc, schedule: Callable[[tirx.PrimFunc], tirx
         views.append(tirx.DeclBuffer(view, data=tirx.buffer_data(original)))
         pairs.append((inner, view))
         inner_batched.append(inner)
-    stmts = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
-    # Stages that touch no batched buffer, nor one a batched stage wrote (a rule's weight repacking), run once.
-    hoisted: list[tirx.Stmt] = []
-    looped: list[tirx.Stmt] = []
-    tainted = list(inner_batched)
-    looped_touched: list[object] = []
-    for stmt in stmts:
-        reads, writes = _touched(stmt)
-        if not any(_contains(tainted, b) for b in (*reads, *writes)) \
-                and not any(_contains(looped_touched, b) for b in writes):
-            hoisted.append(stmt)
-            continue
-        looped.append(stmt)
-        tainted.extend(writes)
-        looped_touched.extend((*reads, *writes))
+    hoisted, looped = split_stages(root, inner_batched)
     if not looped:
         return None
     body = substitute(tirx.SeqStmt(looped) if len(looped) > 1 else looped[0], pairs)

@@ -50,7 +50,7 @@ class Conv2dNCHW(dlight.ScheduleRule):
         sch, conv = found
         stmt = sch.get(conv)
         weight = stmt.reads[-1].source
-        n, f, y, x, rc, ry, rx = sch.get_loops(conv)
+        _, f, _, x, *_ = sch.get_loops(conv)
         channels_out, width = extent(sch, f), extent(sch, x)
         unit = vector_unit(target)
         dtype = str(stmt.writes[0].source.dtype)
@@ -66,31 +66,44 @@ class Conv2dNCHW(dlight.ScheduleRule):
             vec *= 2
             tile_x = largest_divisor(width, unit.accumulators // 2)
 
-        inline_side_inputs(sch, conv, producer(sch, conv, stmt.reads[0].source))
-        epilogue = split_epilogue(sch, conv)
-        weight_index = len(stmt.reads) - 1
-        repack = sch.cache_read(conv, weight_index, "global")
-        sch.transform_layout(conv, ("read", weight_index), lambda o, i, h, w: (o // vec, i, h, w, o % vec))
-        sch.annotate(repack, PREPACK, True)
-
-        f_outer, f_inner = sch.split(f, [None, vec])
-        x_outer, x_inner = sch.split(x, [None, tile_x])
-        sch.reorder(n, f_outer, y, x_outer, rc, ry, rx, x_inner, f_inner)
-        writer = attach_epilogue(sch, conv, epilogue)
-        sch.transform_layout(conv, ("write", 0), lambda a, b, c, d: (a, b // vec, c, d, b % vec))
-        sch.reverse_compute_at(writer, x_outer)
-        if tile_x >= 4:
-            sch.vectorize(sch.get_loops(writer)[-1])
-        sch.parallel(sch.fuse(n, f_outer, y))
-        if unit.registers <= 16 and vec > 1:
-            vectorize_by_registers(sch, f_inner, unit.lanes(dtype))
-        elif vec > 1:
-            sch.vectorize(f_inner)
-        sch.unroll(x_inner)
-        # Loop kinds must all be set before decompose_reduction.
-        sch.decompose_reduction(conv, rc)
+        tile_convolution(sch, conv, vec, tile_x, unit)
         schedule_padding(sch, unit.lanes(dtype))
         return sch
+
+
+def tile_convolution(sch: s_tir.Schedule, conv: s_tir.SBlockRV, vec: int, tile_x: int,
+                     unit: VectorUnit) -> s_tir.LoopRV:
+    """``conv`` as a register tile of ``tile_x`` pixels of a row x ``vec`` output channels, the weights repacked
+    to ``[F/vec, C, KH, KW, vec]``, the epilogue written per tile, the rows in parallel; returns the loop over
+    a row's tiles. The padding stage is the caller's."""
+    stmt = sch.get(conv)
+    dtype = str(stmt.writes[0].source.dtype)
+    n, f, y, x, rc, ry, rx = sch.get_loops(conv)
+    inline_side_inputs(sch, conv, producer(sch, conv, stmt.reads[0].source))
+    epilogue = split_epilogue(sch, conv)
+    weight_index = len(stmt.reads) - 1
+    repack = sch.cache_read(conv, weight_index, "global")
+    sch.transform_layout(conv, ("read", weight_index), lambda o, i, h, w: (o // vec, i, h, w, o % vec))
+    sch.annotate(repack, PREPACK, True)
+
+    f_outer, f_inner = sch.split(f, [None, vec])
+    x_outer, x_inner = sch.split(x, [None, tile_x])
+    sch.reorder(n, f_outer, y, x_outer, rc, ry, rx, x_inner, f_inner)
+    writer = attach_epilogue(sch, conv, epilogue)
+    # The tile's accumulators with the channels innermost: one vector a pixel (the registers of the tile).
+    sch.transform_layout(conv, ("write", 0), lambda a, b, c, d: (a, b // vec, c, d, b % vec))
+    sch.reverse_compute_at(writer, x_outer)
+    if tile_x >= 4:
+        sch.vectorize(sch.get_loops(writer)[-1])
+    sch.parallel(sch.fuse(n, f_outer, y))
+    if unit.registers <= 16 and vec > 1:
+        vectorize_by_registers(sch, f_inner, unit.lanes(dtype))
+    elif vec > 1:
+        sch.vectorize(f_inner)
+    sch.unroll(x_inner)
+    # Loop kinds must all be set before decompose_reduction.
+    sch.decompose_reduction(conv, rc)
+    return x_outer
 
 
 def _tile_for_16_registers(channels_out: int, width: int, lanes: int, registers: int) -> tuple[int, int]:

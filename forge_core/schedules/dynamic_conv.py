@@ -19,9 +19,9 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight
 
 from forge_core.schedules.blocks import blocks, extent, is_static, iter_kinds, largest_divisor, name_of, producer, \
-    vector_unit, vectorize_by_registers
-from forge_core.schedules.conv2d import PREPACK, _tile_for_16_registers
-from forge_core.schedules.epilogue import attach_epilogue, inline_side_inputs, parallel_vectorized, split_epilogue
+    vector_unit
+from forge_core.schedules.conv2d import _tile_for_16_registers, tile_convolution
+from forge_core.schedules.epilogue import parallel_vectorized
 from forge_core.schedules.rewrite import substitute
 
 ROW_PIXELS = 12
@@ -60,28 +60,7 @@ class DynamicConv2dNCHW(dlight.ScheduleRule):
         else:
             tile_x = largest_divisor(ROW_PIXELS, max(1, unit.accumulators // max(1, vec // unit.lanes(dtype))))
         pad = producer(sch, conv, stmt.reads[0].source)
-        inline_side_inputs(sch, conv, pad)
-        epilogue = split_epilogue(sch, conv)
-        weight_index = len(stmt.reads) - 1
-        repack = sch.cache_read(conv, weight_index, "global")
-        sch.transform_layout(conv, ("read", weight_index), lambda o, i, h, w: (o // vec, i, h, w, o % vec))
-        sch.annotate(repack, PREPACK, True)
-        f_outer, f_inner = sch.split(f, [None, vec])
-        x_outer, x_inner = sch.split(x, [None, tile_x])
-        sch.reorder(n, f_outer, y, x_outer, rc, ry, rx, x_inner, f_inner)
-        writer = attach_epilogue(sch, conv, epilogue)
-        # The tile's accumulators with the channels innermost: one vector a pixel (the registers of the tile).
-        sch.transform_layout(conv, ("write", 0), lambda a, b, c, d: (a, b // vec, c, d, b % vec))
-        sch.reverse_compute_at(writer, x_outer)
-        if tile_x >= 4:
-            sch.vectorize(sch.get_loops(writer)[-1])
-        sch.parallel(sch.fuse(n, f_outer, y))
-        if unit.registers <= 16 and vec > 1:
-            vectorize_by_registers(sch, f_inner, unit.lanes(dtype))
-        elif vec > 1:
-            sch.vectorize(f_inner)
-        sch.unroll(x_inner)
-        sch.decompose_reduction(conv, rc)
+        x_outer = tile_convolution(sch, conv, vec, tile_x, unit)
         if pad is not None:
             parallel_vectorized(sch, pad, unit.lanes(dtype))
         clamped = _clamp_last_tile(sch.mod["main"], sch.get(x_outer), tile_x, width)

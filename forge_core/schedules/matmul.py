@@ -13,6 +13,20 @@ from forge_core.schedules.epilogue import attach_epilogue, split_epilogue
 MAX_ROWS = 8
 
 
+def matmul_block(sch: s_tir.Schedule) -> s_tir.SBlockRV | None:
+    """The function's one reduction when it is a matmul or dense block (``S...SSR``, two operands), else None."""
+    reductions = [b for b in blocks(sch) if "R" in iter_kinds(sch, b)]
+    if len(reductions) != 1:
+        return None
+    mm = reductions[0]
+    kinds = iter_kinds(sch, mm)
+    if not (kinds.endswith("SSR") and kinds.count("R") == 1 and set(kinds[:-1]) == {"S"}):
+        return None
+    if len(sch.get(mm).reads) != 2 or not any(word in name_of(sch, mm) for word in ("matmul", "dense")):
+        return None
+    return mm
+
+
 class Matmul(dlight.ScheduleRule):
     """Register tile of ``mt`` rows x ``nt`` columns (whole vectors), k outside the tile.
 
@@ -25,16 +39,10 @@ class Matmul(dlight.ScheduleRule):
         if not isinstance(func, tirx.PrimFunc) or not is_static(func):
             return None
         sch = s_tir.Schedule(func)
-        reductions = [b for b in blocks(sch) if "R" in iter_kinds(sch, b)]
-        if len(reductions) != 1:
-            return None
-        mm = reductions[0]
-        kinds = iter_kinds(sch, mm)
-        if not (kinds.endswith("SSR") and kinds.count("R") == 1 and set(kinds[:-1]) == {"S"}):
+        mm = matmul_block(sch)
+        if mm is None:
             return None
         stmt = sch.get(mm)
-        if len(stmt.reads) != 2 or not any(word in name_of(sch, mm) for word in ("matmul", "dense")):
-            return None
         *batch, i, j, k = sch.get_loops(mm)
         rows, cols = extent(sch, i), extent(sch, j)
         unit = vector_unit(target)
@@ -99,16 +107,10 @@ class DynamicMatmul(dlight.ScheduleRule):
         if not isinstance(func, tirx.PrimFunc) or is_static(func):
             return None
         sch = s_tir.Schedule(func)
-        reductions = [b for b in blocks(sch) if "R" in iter_kinds(sch, b)]
-        if len(reductions) != 1:
-            return None
-        mm = reductions[0]
-        kinds = iter_kinds(sch, mm)
-        if not (kinds.endswith("SSR") and kinds.count("R") == 1 and set(kinds[:-1]) == {"S"}):
+        mm = matmul_block(sch)
+        if mm is None:
             return None
         stmt = sch.get(mm)
-        if len(stmt.reads) != 2 or not any(word in name_of(sch, mm) for word in ("matmul", "dense")):
-            return None
         if any(set(iter_kinds(sch, b)) != {"S"} for b in blocks(sch) if not sch.get(b).same_as(stmt)):
             return None
         *batch, i, j, k = sch.get_loops(mm)

@@ -31,7 +31,8 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.sym import Analyzer
 
-from forge_core.schedules.batch_loop import _bound_vars, _contains, _is_static, _needs_alignment, _symbolic_vars, _touched
+from forge_core.schedules.batch_loop import (_bound_vars, _contains, _is_static, _needs_alignment, _symbolic_vars,
+                                             _touched, split_stages)
 from forge_core.schedules.rewrite import substitute
 
 ROW_BLOCKS_ATTR = "forge.row_blocks"
@@ -276,7 +277,7 @@ def per_row_block(func: tirx.PrimFunc, schedule: Callable[[tirx.PrimFunc], tirx.
 
     first = scheduled
     first_root = first.body.block
-    hoisted, _ = _split_stages(first_root, [first.params[i] for i in batched])
+    hoisted, _ = split_stages(first_root, [first.params[i] for i in batched])
     # The scratch block is read and written as itself, never through a view: TVM's storage planning tracks an
     # allocation's lifetime by its own accesses, and reused a scratch buffer that only views read.
     scratch = {i: tirx.decl_buffer(layout[i][0], layout[i][1], f"{func.params[i].name}_rows") for i in batched}
@@ -286,7 +287,7 @@ def per_row_block(func: tirx.PrimFunc, schedule: Callable[[tirx.PrimFunc], tirx.
         ``start``, or on the scratch block when ``start`` is None."""
         copy = s_tir.renew_defs(scheduled)
         root = copy.body.block
-        _, looped = _split_stages(root, [copy.params[i] for i in batched])
+        _, looped = split_stages(root, [copy.params[i] for i in batched])
         pairs: list[tuple[object, object]] = []
         views: list[tirx.Stmt] = []
         for i, (param, inner) in enumerate(zip(func.params, copy.params)):
@@ -321,25 +322,6 @@ def per_row_block(func: tirx.PrimFunc, schedule: Callable[[tirx.PrimFunc], tirx.
     wrapped = tirx.PrimFunc(list(func.params), s_tir.SBlockRealize([], True, new_root), scheduled.ret_type,
                             scheduled.attrs)
     return wrapped.with_attr(ROW_BLOCKS_ATTR, ",".join(str(v.name) for v in variables))
-
-
-def _split_stages(root: s_tir.SBlock, batched: list[object]) -> tuple[list[tirx.Stmt], list[tirx.Stmt]]:
-    """The root's stages that touch no batched buffer, nor one a batched stage wrote (run once), and the others."""
-    stmts = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
-    hoisted: list[tirx.Stmt] = []
-    looped: list[tirx.Stmt] = []
-    tainted = list(batched)
-    looped_touched: list[object] = []
-    for stmt in stmts:
-        reads, writes = _touched(stmt)
-        if not any(_contains(tainted, b) for b in (*reads, *writes)) \
-                and not any(_contains(looped_touched, b) for b in writes):
-            hoisted.append(stmt)
-            continue
-        looped.append(stmt)
-        tainted.extend(writes)
-        looped_touched.extend((*reads, *writes))
-    return hoisted, looped
 
 
 def _written_params(func: tirx.PrimFunc, indices: list[int]) -> list[int]:
