@@ -179,9 +179,17 @@ def test_the_weight_repacking_runs_once_before_the_blocks():
     scheduled = _schedule(_dense(batch, sequence, 64, 96, "gelu"))
     root = scheduled.body.block
     stmts = list(root.body.seq)
-    loop = next(i for i, s in enumerate(stmts) if isinstance(s, tirx.For) and s.loop_var.name == "row_block")
-    assert loop >= 1 and all("row_block" not in s.script() for s in stmts[:loop])
+    loop = next(i for i, s in enumerate(stmts) if "row_block" in s.script())
+    assert loop >= 1 and loop == len(stmts) - 1  # the blocks (or the scratch block, below one) come last
     assert any(s.script().count("w[") for s in stmts[:loop])  # the weight, read by the repacking stage only
+    assert "w[" not in stmts[loop].script()  # the blocks read it repacked
+
+
+def test_one_copy_of_the_kernel_serves_every_block_and_one_the_scratch_block():
+    batch, sequence = _variables()
+    script = _schedule(_dense(batch, sequence, 64, 96, "gelu")).script()
+    assert script.count('T.sblock("matmul_update")') == 2  # the clamped blocks, the scratch block
+    assert "row_start" in script and "T.min(" in script
 
 
 def _declined(build) -> None:

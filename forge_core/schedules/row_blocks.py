@@ -7,10 +7,12 @@ every batched buffer: a dense layer reads ``[b, s, 384]`` and writes ``[b, s,
 that row alone, the rows are independent and contiguous in memory: the kernel
 is specialized to a block of :data:`BLOCK_ROWS` rows, scheduled by the rules as
 a static kernel, and run on each block of the ``R = b * s`` rows through buffer
-views. The rows left over (``R % BLOCK_ROWS``) run as one more block ending at
-the last row, overlapping the previous one (a row computed twice gets the same
-values: no block reads what it writes); fewer rows than a block are copied into
-a zeroed block-sized scratch, computed there, and copied back. Stages that
+views. Block ``i`` starts at ``min(i * BLOCK_ROWS, R - BLOCK_ROWS)``: the rows
+left over (``R % BLOCK_ROWS``) run as a last block ending at the last row,
+overlapping the one before (a row computed twice gets the same values: no
+block reads what it writes), and one copy of the kernel serves every block;
+fewer rows than a block are copied into a zeroed block-sized scratch,
+computed there, and copied back. Stages that
 touch no row (a rule's weight repacking) run once, before the loop.
 
 This generalizes :mod:`forge_core.schedules.batch_loop` (one batch item, one
@@ -306,17 +308,19 @@ def per_row_block(func: tirx.PrimFunc, schedule: Callable[[tirx.PrimFunc], tirx.
         body = substitute(tirx.SeqStmt(looped) if len(looped) > 1 else looped[0], pairs)
         return tirx.SeqStmt([*views, body]) if views else body
 
+    # Each block starts at min(block * rows, total - rows): the last one ends at the last row, overlapping the
+    # block before when the rows are no multiple of a block; one copy of the kernel for all of them.
     block_index = tirx.Var("row_block", index_type)
-    main = tirx.For(block_index, index(0), tirx.floordiv(total, index(rows)), tirx.ForKind.SERIAL,
-                    copy_of_body(block_index * index(rows)))
-    overlapped = copy_of_body(total - index(rows))
+    start = tirx.Var("row_start", index_type)
+    main = tirx.For(block_index, index(0), tirx.floordiv(total + index(rows - 1), index(rows)), tirx.ForKind.SERIAL,
+                    tirx.SeqStmt([tirx.LetStmt(start, tirx.Min(block_index * index(rows), total - index(rows))),
+                                  copy_of_body(start)]))
     copies_in = [_copy(func.params[i], scratch[i], total * index(layout[i][2]), True)
                  for i in batched if i not in written or _is_read(scheduled, scheduled.params[i])]
     copies_out = [_copy(func.params[i], scratch[i], total * index(layout[i][2]), False) for i in written]
     padded = tirx.SeqStmt([*copies_in, copy_of_body(None), *copies_out])
-    tail = tirx.IfThenElse(tirx.floormod(total, index(rows)) != index(0),
-                           tirx.IfThenElse(total >= index(rows), overlapped, padded), None)
-    new_root = s_tir.SBlock([], [], [], "root", tirx.SeqStmt([*hoisted, main, tail]), None,
+    blocked = tirx.IfThenElse(total >= index(rows), main, padded)
+    new_root = s_tir.SBlock([], [], [], "root", tirx.SeqStmt([*hoisted, blocked]) if hoisted else blocked, None,
                             alloc_buffers=[*first_root.alloc_buffers, *scratch.values()],
                             annotations=first_root.annotations)
     wrapped = tirx.PrimFunc(list(func.params), s_tir.SBlockRealize([], True, new_root), scheduled.ret_type,
