@@ -16,6 +16,7 @@ from tvm import relax
 from forge_core.errors import ModelImportError, ModelStateError, OptionError, OptionTypeError
 from forge_core.ir import identity, introspection, weights
 from forge_core.ir.naming import OUTPUT_NAMES_ATTR
+from forge_core.ir.state import initial_state
 from forge_core.passes import PassContext, run_passes
 from forge_core.quantization.calibration_data import CalibrationData
 from forge_core.runtime.signature import SignatureSurface, TensorSpec
@@ -302,6 +303,21 @@ class IRModule(SignatureSurface):
         if names is not None and len(names) == len(specs):
             specs = [replace(spec, name=str(name)) for spec, name in zip(specs, names)]
         return specs
+
+    @property
+    def initial_state(self) -> dict[str, np.ndarray]:
+        """Where a stateful model's state inputs start, by input name; empty for a stateless model.
+
+        A streaming model's state (TFLite resource variables) is explicit: each
+        state input ``x`` has an output ``x_next`` holding its next value. Feed
+        these values to the first call, and each ``x_next`` output back as the
+        next call's ``x``, to run the model as its own runtime does.
+
+        Returns:
+            A dict of input name to the value the source model assigns first
+            (quantized state as its stored integers).
+        """
+        return initial_state(self._main)
 
     # ------------------------------------------------------------------
     # Graph facts

@@ -21,6 +21,7 @@ from tvm.relax.frontend.tflite.tflite_frontend import ExprTable, OperatorConvert
 from forge_core.errors import OperatorConversionError, UnsupportedOperatorError
 from forge_tf.custom_ops import plugin_converters
 from forge_tf.hybrid import HYBRID_OPS, is_hybrid_op
+from forge_tf.resource_variables import RESOURCE_OPS
 from forge_tf.tflite_model import TFLiteModel, tensor_name
 
 _BUILTIN_NAMES = {value: name for name, value in vars(BuiltinOperator).items() if isinstance(value, int)}
@@ -56,9 +57,12 @@ def _example_name(subgraph: Any, op: Any, index: int) -> str:
     return f"operator {index}"
 
 
-# Ops that only move values: on quantized tensors whose output has its input's scale and zero point, TVM's float
-# converter moves the integers exactly (the converter writes an int8 embedding table as GATHER + DEQUANTIZE).
-MOVES_QUANTIZED_VALUES = frozenset({"GATHER"})
+# Ops that only move values: on quantized tensors whose outputs have their data input's scale and zero point,
+# TVM's float converter moves the integers exactly (the converter writes an int8 embedding table as GATHER +
+# DEQUANTIZE, a streaming model's state as STRIDED_SLICE and SPLIT_V of int8 tensors). The position of the data
+# input, for the ops where it is not the first.
+MOVES_QUANTIZED_VALUES = frozenset({"GATHER", "STRIDED_SLICE", "SLICE", "SPLIT", "SPLIT_V", "TRANSPOSE"})
+_DATA_INPUT = {"SPLIT": 1}
 
 
 def _same_quantization(source: Any, outputs: list[Any]) -> bool:
@@ -70,13 +74,15 @@ def _same_quantization(source: Any, outputs: list[Any]) -> bool:
                 tuple(np.ravel(q["zero_point"].value.numpy())))
 
     want = params(source)
-    return want is not None and len(outputs) == 1 and params(outputs[0]) == want
+    return want is not None and len(outputs) >= 1 and all(params(output) == want for output in outputs)
 
 
 def _quantization_issue(converter: OperatorConverter, op: Any, code: str) -> str | None:
     """Why TVM rejects a supported op on quantized tensors, as TVM's own check decides, or None."""
     if is_hybrid_op(converter.model, converter.subgraph, op, code):
         return None  # its int8 weights are read as floats (forge_tf.hybrid)
+    if code in RESOURCE_OPS:
+        return None  # they move stored values, quantized or not (forge_tf.resource_variables)
     inputs = converter.get_input_tensors(op)
     outputs = converter.get_output_tensors(op)
     quantized_in = sum(1 for t in inputs[:1] if t.qnn_params is not None)
@@ -85,7 +91,8 @@ def _quantization_issue(converter: OperatorConverter, op: Any, code: str) -> str
     if quantized_in == 0 and quantized_out == 0 and quantized_weights > 0:
         return "dynamic-range quantized"
     if quantized_in + quantized_weights + quantized_out > 0 and code not in OperatorConverter._SUPPORTED_QUANTIZED_OPS:
-        if code in MOVES_QUANTIZED_VALUES and _same_quantization(inputs[0], outputs):
+        data = _DATA_INPUT.get(code, 0)
+        if code in MOVES_QUANTIZED_VALUES and len(inputs) > data and _same_quantization(inputs[data], outputs):
             return None
         return "quantized"
     return None

@@ -31,6 +31,7 @@ from forge_tf.console import captured_output
 from forge_tf.custom_ops import PluginConverterError, TFLiteConverterContext, call_plugin_converter, plugin_converters
 from forge_tf.hybrid import FloatView, dequantized, hybrid_weights
 from forge_tf.operator_support import MOVES_QUANTIZED_VALUES, operator_code
+from forge_tf.resource_variables import RESOURCE_OPS
 from forge_tf.signature import Dim
 from forge_tf.symbolic_shapes import SymbolicShapes, symbolic_int_lists
 from forge_tf.tflite_model import TFLiteModel, tensor_name
@@ -49,9 +50,10 @@ class ForgeOperatorConverter(SymbolicShapes, OperatorConverter):
     computes something else, which TFLite's interpreter rejects.
     """
 
-    # GATHER moves int8 values exactly when its output keeps its input's scale and zero point, which
-    # forge_tf.operator_support.check_operators requires of it before conversion starts.
-    _SUPPORTED_QUANTIZED_OPS = OperatorConverter._SUPPORTED_QUANTIZED_OPS | MOVES_QUANTIZED_VALUES
+    # GATHER, the slices and splits move int8 values exactly when their outputs keep their input's scale and
+    # zero point, which forge_tf.operator_support.check_operators requires of them before conversion starts;
+    # the resource-variable ops move stored values.
+    _SUPPORTED_QUANTIZED_OPS = OperatorConverter._SUPPORTED_QUANTIZED_OPS | MOVES_QUANTIZED_VALUES | RESOURCE_OPS
 
     def __init__(self, model: Any, subgraph: Any, *args: Any, check_declared: bool = False, **kwargs: Any) -> None:
         super().__init__(model, subgraph, *args, **kwargs)
@@ -63,6 +65,32 @@ class ForgeOperatorConverter(SymbolicShapes, OperatorConverter):
         self.convert_map = {code: self._named(code, convert) for code, convert in converters.items()}
         codes = [operator_code(model, subgraph.Operators(i)) for i in range(subgraph.OperatorsLength())]
         self._hybrid_weights = hybrid_weights(model, subgraph, codes)
+
+    def check_unsupported_ops(self) -> None:
+        """Nothing: :func:`forge_tf.operator_support.check_operators` checked every subgraph's operators before
+        conversion started, as TVM's check does, less what Forge converts besides (plugins' ops, hybrid and
+        value-moving quantized ops, assignments of state variables), and reported them all at once."""
+
+    def convert_read_variable(self, op: Any) -> Any:
+        """A read of a state variable before the invocation assigns it: the state input
+        (:mod:`forge_tf.resource_variables`); other reads as TVM's (the value last assigned, or the init's)."""
+        output = self.get_output_tensors(op)[0]
+        state_input = getattr(self.subgraph, "state_reads", {}).get(output.tensor_idx)
+        if state_input is not None:
+            return self.exp_tab.get_expr(tensor_name(self.subgraph, state_input))
+        return super().convert_read_variable(op)
+
+    def convert_assign_variable(self, op: Any) -> Any:
+        """An assignment outside the init subgraph: later reads in this invocation get the value; the last one
+        assigned to a state variable is the state output (:mod:`forge_tf.resource_variables`)."""
+        if self.conversion_state["in_call_once_init"]:
+            return super().convert_assign_variable(op)
+        inputs = self.get_input_tensors(op)
+        if len(inputs) != 2 or self.get_output_tensors(op):
+            raise tvm.error.OpNotImplemented("ASSIGN_VARIABLE expects a resource handle and a value, and no outputs")
+        key = self._get_resource_key_for_handle(inputs[0], "ASSIGN_VARIABLE")
+        self.conversion_state["resource_values"][key] = self.get_tensor_expr(inputs[1])
+        return None
 
     def get_op_code_str(self, op: Any) -> str:
         """TVM's, with a custom operator a plugin converts named by its custom code."""
@@ -186,7 +214,8 @@ class ForgeOperatorConverter(SymbolicShapes, OperatorConverter):
         if options.KeepNumDims() or rank <= 2:
             return out
         units = int(self.get_input_tensors(op)[1].tensor.ShapeAsNumpy()[0])
-        return relax.op.reshape(out, [-1, units])
+        # The quantized path returns its requantize unnormalized (a reshape needs its type).
+        return relax.op.reshape(self.bb.normalize(out), [-1, units])
 
     def convert_transpose_conv(self, op: Any) -> Any:
         """TVM's TRANSPOSE_CONV, with its fused activation applied.

@@ -10,7 +10,8 @@ import tvm
 
 from forge_core.errors import ForgeError, ModelImportError, OptionTypeError, UnsupportedOperatorError
 from forge_core.ir.module import IRModule
-from forge_core.ir.naming import with_output_names
+from forge_core.ir.naming import rename_inputs, with_output_names
+from forge_core.ir.state import with_initial_state
 from forge_tf import onnx_fallback
 from forge_tf.console import one_line
 from forge_tf.operator_support import check_operators
@@ -75,6 +76,34 @@ def _through_tflite(model: TFLiteModel, specs: Sequence[InputSpec]) -> tvm.IRMod
     return mod
 
 
+def _explicit_state(mod: tvm.IRModule, tflite_model: TFLiteModel, output_names: list[str]) -> tvm.IRModule:
+    """The state inputs named after their variables, their outputs ``<variable>_next``, their starting values
+    recorded (:mod:`forge_tf.resource_variables`)."""
+    state = tflite_model.state
+    own_inputs = len(tflite_model.inputs) - len(state)
+    own_outputs = len(output_names) - len(state)
+    input_names = [info.name for info in tflite_model.inputs[:own_inputs]] + [v.name for v in state]
+    mod = rename_inputs(mod, input_names)
+    mod = with_output_names(mod, output_names[:own_outputs] + [v.output_name for v in state])
+    starts = {}
+    for variable, info in zip(state, tflite_model.inputs[own_inputs:]):
+        if variable.initial is None:
+            raise ModelImportError(
+                f"{LOADER}: resource variable {variable.name!r} is read before it is assigned and no CALL_ONCE "
+                "init assigns it a constant: its first value is unknown (TFLite's interpreter fails on such a read)"
+            )
+        if variable.initial.shape != info.shape or str(variable.initial.dtype) != info.dtype:
+            raise ModelImportError(
+                f"{LOADER}: resource variable {variable.name!r} starts as a {variable.initial.dtype} "
+                f"{variable.initial.shape} value and is read as {info.dtype} {info.shape}"
+            )
+        starts[variable.name] = variable.initial
+    logger.info("%s: the model keeps state in %d resource variable(s), now explicit: input %s, fed back from "
+                "output %s; they start at IRModule.initial_state", LOADER, len(state),
+                ", ".join(v.name for v in state), ", ".join(v.output_name for v in state))
+    return with_initial_state(mod, starts)
+
+
 def load_tflite(
     model: Any,
     shape_dict: Mapping[str, Sequence[int | None]] | None = None,
@@ -111,6 +140,8 @@ def load_tflite(
         logger.info("%s: loaded %d operators through TVM's TFLite importer", LOADER,
                     tflite_model.subgraph.OperatorsLength())
     mod = with_output_names(mod, output_names)
+    if tflite_model.state:
+        mod = _explicit_state(mod, tflite_model, output_names)
     ir = IRModule(mod, fold_constants=fold_constants, fold_batch_norms=fold_batch_norms)
     return ir.with_state(is_quantized=True) if tflite_model.is_quantized else ir
 

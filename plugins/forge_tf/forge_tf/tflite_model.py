@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import tflite
 from tflite.TensorType import TensorType
 
@@ -43,8 +44,11 @@ class TFLiteModel:
     """A parsed TFLite flatbuffer, with its bytes when Forge has them."""
 
     model: Any
-    """The ``tflite.Model``."""
+    """The ``tflite.Model``; with resource variables, seen with their state as inputs and outputs
+    (:mod:`forge_tf.resource_variables`)."""
     buffer: bytes
+    state: tuple[Any, ...] = ()
+    """The :class:`~forge_tf.resource_variables.StateVariable` s, whose inputs and outputs follow the model's."""
 
     @property
     def subgraph(self) -> Any:
@@ -93,6 +97,21 @@ def tensor_name(subgraph: Any, index: int) -> str:
     return name.decode("utf-8") if name is not None else f"tvmgen_tensor_{index}"
 
 
+def stored_array(model: Any, subgraph: Any, index: int) -> np.ndarray | None:
+    """The value a constant tensor stores, in its own type (a quantized tensor's integers); None when it
+    stores none or a type numpy has no dtype for."""
+    tensor = subgraph.Tensors(index)
+    dtype = _DTYPES.get(tensor.Type())
+    buffer = model.Buffers(tensor.Buffer())
+    if dtype in (None, "string", "complex64") or buffer is None or buffer.DataLength() == 0:
+        return None
+    shape = tuple(int(d) for d in tensor.ShapeAsNumpy()) if tensor.ShapeLength() else ()
+    data = buffer.DataAsNumpy().tobytes()
+    if len(data) != int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize:
+        return None
+    return np.frombuffer(data, dtype=dtype).reshape(shape).copy()
+
+
 def parse_tflite(buffer: bytes, source: str) -> TFLiteModel:
     """Parse and check TFLite flatbuffer bytes; ``source`` names them in errors."""
     if len(buffer) < 8 or buffer[4:8] != _FILE_IDENTIFIER:
@@ -103,7 +122,10 @@ def parse_tflite(buffer: bytes, source: str) -> TFLiteModel:
     # The tflite package reads without bounds checks: a corrupt offset or index would surface later as a
     # struct.error or IndexError deep in a converter. verify_tflite names the field that is wrong instead.
     verify_tflite(bytes(buffer), source)
-    return TFLiteModel(tflite.Model.GetRootAsModel(buffer, 0), bytes(buffer))
+    from forge_tf.resource_variables import explicit_state
+
+    model, state = explicit_state(tflite.Model.GetRootAsModel(buffer, 0))
+    return TFLiteModel(model, bytes(buffer), state)
 
 
 def read_tflite(model: Any) -> TFLiteModel:
