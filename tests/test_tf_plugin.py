@@ -392,6 +392,32 @@ def test_tflite_batch_matmul_on_a_constant(form, rng):
     assert_close(forge.from_tflite(data).get_inference_function()(x), interpreter(x))
 
 
+@pytest.mark.parametrize("sizes", [(4, 0, 2), (-1, 2), (2, -1, 1), (0, -1)], ids=str)
+def test_tflite_split_v_with_a_split_of_size_zero_or_the_rest(sizes, rng, tmp_path):
+    """SPLIT_V with a split of size 0 (an empty output, which the interpreter runs) was refused by the validator
+    ("it writes tensor 6 ('split1'), which is already ... a constant": an empty tensor counted as a constant),
+    then failed to build in TVM (split points must rise); a -1 ("the rest", which the converter keeps) not last
+    made TVM split at a negative point. Against the interpreter, inference function and artifact."""
+    import tensorflow as tf
+
+    @tf.function(input_signature=[tf.TensorSpec((1, 6, 4), tf.float32, name="x")])
+    def model(x):
+        parts = tf.split(x, list(sizes), axis=1)
+        return {"y": tf.concat([part * float(i + 2) for i, part in enumerate(parts)], axis=1)}
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        data = tf.lite.TFLiteConverter.from_concrete_functions([model.get_concrete_function()]).convert()
+    interpreter = Interpreter(data)
+    assert "SPLIT_V" in {op["op_name"] for op in interpreter._interpreter._get_ops_details()}
+    x = rng.standard_normal((1, 6, 4)).astype("float32")
+    want = interpreter(x)
+    ir = forge.from_tflite(data)
+    assert_close(ir.get_inference_function()(x), want)
+    ir.compile(output_path=tmp_path / "artifact", opt_level=0 if sizes == (4, 0, 2) else 3)
+    assert_close(forge.Runtime(tmp_path / "artifact").infer(x), want)
+
+
 def test_tflite_dynamic_batch_through_shape_dict(rng):
     """shape_dict with None keeps the batch dynamic in TVM's TFLite importer; rtol/atol 1e-5."""
     model = tf_models.residual_cnn(seed=11)

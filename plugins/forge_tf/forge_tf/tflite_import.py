@@ -217,6 +217,32 @@ class ForgeOperatorConverter(SymbolicShapes, OperatorConverter):
         # The quantized path returns its requantize unnormalized (a reshape needs its type).
         return relax.op.reshape(self.bb.normalize(out), [-1, units])
 
+    def convert_split_v(self, op: Any) -> Any:
+        """TVM's SPLIT_V, with constant sizes that hold a 0 or a -1 ("the rest") taken as slices.
+
+        TVM's split takes the sizes' running sums as split points, which must rise strictly: a split of size 0
+        (which TFLite's interpreter runs, giving an empty output) failed to build, and a -1 other than last
+        would have split at a negative point.
+        """
+        inputs = self.get_input_tensors(op)
+        if len(inputs) != 3 or self.has_expr(inputs[1].tensor_idx):
+            return super().convert_split_v(op)
+        sizes = [int(size) for size in np.ravel(self.get_tensor_value(inputs[1]))]
+        if all(size > 0 for size in sizes):
+            return super().convert_split_v(op)
+        data = self.get_expr(inputs[0].tensor_idx)
+        shape = data.ty.shape
+        axis = int(np.ravel(self.get_tensor_value(inputs[2]))[0]) % len(shape)
+        if sizes.count(-1) == 1:
+            if not isinstance(shape[axis], tirx.IntImm):
+                return super().convert_split_v(op)
+            sizes[sizes.index(-1)] = int(shape[axis]) - sum(size for size in sizes if size != -1)
+        outputs, start = [], 0
+        for size in sizes:
+            outputs.append(relax.op.strided_slice(data, axes=[axis], begin=[start], end=[start + size]))
+            start += size
+        return relax.Tuple(outputs) if len(outputs) > 1 else outputs[0]
+
     def convert_transpose_conv(self, op: Any) -> Any:
         """TVM's TRANSPOSE_CONV, with its fused activation applied.
 

@@ -177,9 +177,13 @@ class _Tensor:
     index: int
     label: str
     is_constant: bool
+    """It holds data, or has no element (an empty tensor reads as a constant)."""
     is_variable: bool
     type: int
     shape: tuple[int, ...]
+    has_data: bool = False
+    """Its buffer holds data: no operator may write it. An empty tensor may be an operator's output (SPLIT_V
+    with a split of size 0: the interpreter runs it)."""
 
 
 def _check_quantization(table: _Table, where: str, shape: list[int], tensor_type: int) -> None:
@@ -274,7 +278,7 @@ def _check_tensor(table: _Table, index: int, buffers: list[tuple[int, int]]) -> 
             reader.fail(where, "its constant data holds NaN")
     empty_constant = item_size is not None and math.prod(shape) == 0
     label = f"tensor {index} ({name!r})" if name else f"tensor {index}"
-    return _Tensor(index, label, size > 0 or empty_constant, is_variable, tensor_type, tuple(shape))
+    return _Tensor(index, label, size > 0 or empty_constant, is_variable, tensor_type, tuple(shape), size > 0)
 
 
 def _check_operator(op: _Table, codes: list[str], file_size: int) -> str:
@@ -315,14 +319,15 @@ def _check_subgraph(table: _Table, codes: list[str], buffers: list[tuple[int, in
     where = table.where
     inputs = checked(where, "inputs", table.numbers(1, "<i", "inputs"), False)
     outputs = checked(where, "outputs", table.numbers(2, "<i", "outputs"), False)
-    written = set(inputs) | {t.index for t in tensors if t.is_constant or t.is_variable}
+    readable = {t.index for t in tensors if t.is_constant}
+    written = set(inputs) | {t.index for t in tensors if t.has_data or t.is_variable}
     for op in table.tables(3, "operators", "operator"):
         code = _check_operator(op, codes, len(reader.data))
         op_where = f"{op.where} ({code})"
         checked(op_where, "intermediates", op.numbers(8, "<i", "intermediates"), False)
         op_inputs = checked(op_where, "inputs", op.numbers(1, "<i", "inputs"), True)
         for tensor in op_inputs:
-            if tensor >= 0 and tensor not in written:
+            if tensor >= 0 and tensor not in written and tensor not in readable:
                 reader.fail(op_where, f"it reads {tensors[tensor].label}, which is neither an input of the "
                             "subgraph, a constant nor the output of an earlier operator")
         op_outputs = checked(op_where, "outputs", op.numbers(2, "<i", "outputs"), False)
@@ -336,7 +341,7 @@ def _check_subgraph(table: _Table, codes: list[str], buffers: list[tuple[int, in
         if problem is not None:
             reader.fail(op_where, problem)
     for tensor in outputs:
-        if tensor not in written:
+        if tensor not in written and tensor not in readable:
             reader.fail(where, f"its output {tensors[tensor].label} is written by no operator")
     table.scalar(5, "<i", "debug_metadata_index")
     return count
