@@ -81,7 +81,7 @@ def _clamp_last_tile(func: tirx.PrimFunc, loop: tirx.For, tile: int, width: tirx
     def realize(node: s_tir.SBlockRealize) -> s_tir.SBlockRealize:
         nonlocal ok
         predicate = node.predicate
-        if not (isinstance(predicate, tirx.IntImm) and int(predicate) == 1) and not _mentions(predicate, x0):
+        if not (isinstance(predicate, tirx.IntImm) and int(predicate) == 1) and not _holds(predicate, tirx.Var, x0):
             ok = False  # a guard of another split: keep it, and the schedule
         return node
 
@@ -92,13 +92,12 @@ def _clamp_last_tile(func: tirx.PrimFunc, loop: tirx.For, tile: int, width: tirx
     # A copy of the loop with fresh definitions (its blocks' variables and buffers), on the function's own
     # parameters and root buffers: the k-th loop of a renewed copy of the function.
     copy_func = s_tir.renew_defs(func)
-    position = next(i for i, l in enumerate(_loops(func)) if l.same_as(loop))
-    copy_loop = _loops(copy_func)[position]
+    own_loops, copied_loops = _loops(func), _loops(copy_func)
+    copy_loop = copied_loops[next(i for i, own in enumerate(own_loops) if own.same_as(loop))]
     pairs = list(zip(copy_func.params, func.params))
     pairs += list(zip(copy_func.body.block.alloc_buffers, func.body.block.alloc_buffers))
-    own_loops, copied_loops = _loops(func), _loops(copy_func)
     for own, copied in zip(own_loops, copied_loops):  # the loops around the tile loop (the parallel rows)
-        if not own.same_as(loop) and _encloses(own, loop):
+        if not own.same_as(loop) and _holds(own.body, tirx.For, loop):
             pairs.append((copied.loop_var, own.loop_var))
     for copied, own in zip(copy_func.params, func.params):  # the dims, if renewed with their buffers
         for a, b in zip(getattr(copied.ty, "shape", None) or (), getattr(own.ty, "shape", None) or ()):
@@ -118,7 +117,7 @@ def _clamp_last_tile(func: tirx.PrimFunc, loop: tirx.For, tile: int, width: tirx
         return s_tir.SBlockRealize(list(node.iter_values), tirx.const(True, "bool"), node.block)
 
     body = tvm_ffi.structural_map(copy_body, [(tirx.Mul, tile_start)])
-    if _mentions(body, copy_x0):
+    if _holds(body, tirx.Var, copy_x0):
         return None  # the tile variable used otherwise than as the tile's start
     body = tvm_ffi.structural_map(body, [(s_tir.SBlockRealize, unguarded)])
     clamped_start = tirx.Min(fresh * step, width - step)
@@ -132,16 +131,12 @@ def _clamp_last_tile(func: tirx.PrimFunc, loop: tirx.For, tile: int, width: tirx
     return tvm_ffi.structural_map(func, [(tirx.For, swap)])
 
 
-def _mentions(expr: object, var: tirx.Var) -> bool:
-    found = False
+def _holds(tree: object, kind: type, node: object) -> bool:
+    """Whether ``tree`` holds ``node``, a node of type ``kind`` (a variable, a loop); the walk stops at it."""
+    def stop(found: object) -> tvm_ffi.VisitInterrupt | None:
+        return tvm_ffi.VisitInterrupt(found) if found.same_as(node) else None
 
-    def visit(node: tirx.Var) -> tirx.Var:
-        nonlocal found
-        found = found or node.same_as(var)
-        return node
-
-    tvm_ffi.structural_map(expr, [(tirx.Var, visit)])
-    return found
+    return tvm_ffi.structural_walk(tree, (kind, stop), order="pre") is not None
 
 
 def _loops(func: tirx.PrimFunc) -> list[tirx.For]:
@@ -153,16 +148,4 @@ def _loops(func: tirx.PrimFunc) -> list[tirx.For]:
         return node
 
     tvm_ffi.structural_map(func.body, [(tirx.For, visit)])
-    return found
-
-
-def _encloses(outer: tirx.For, inner: tirx.For) -> bool:
-    found = False
-
-    def visit(node: tirx.For) -> tirx.For:
-        nonlocal found
-        found = found or node.same_as(inner)
-        return node
-
-    tvm_ffi.structural_map(outer.body, [(tirx.For, visit)])
     return found

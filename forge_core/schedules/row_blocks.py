@@ -315,8 +315,9 @@ def per_row_block(func: tirx.PrimFunc, schedule: Callable[[tirx.PrimFunc], tirx.
     main = tirx.For(block_index, index(0), tirx.floordiv(total + index(rows - 1), index(rows)), tirx.ForKind.SERIAL,
                     tirx.SeqStmt([tirx.LetStmt(start, tirx.Min(block_index * index(rows), total - index(rows))),
                                   copy_of_body(start)]))
+    scheduled_reads, _ = _touched(scheduled.body)  # one walk for every batched parameter
     copies_in = [_copy(func.params[i], scratch[i], total * index(layout[i][2]), True)
-                 for i in batched if i not in written or _is_read(scheduled, scheduled.params[i])]
+                 for i in batched if i not in written or _contains(scheduled_reads, scheduled.params[i])]
     copies_out = [_copy(func.params[i], scratch[i], total * index(layout[i][2]), False) for i in written]
     padded = tirx.SeqStmt([*copies_in, copy_of_body(None), *copies_out])
     blocked = tirx.IfThenElse(total >= index(rows), main, padded)
@@ -331,11 +332,6 @@ def per_row_block(func: tirx.PrimFunc, schedule: Callable[[tirx.PrimFunc], tirx.
 def _written_params(func: tirx.PrimFunc, indices: list[int]) -> list[int]:
     _, writes = _touched(func.body)
     return [i for i in indices if _contains(writes, func.params[i])]
-
-
-def _is_read(func: tirx.PrimFunc, buffer: object) -> bool:
-    reads, _ = _touched(func.body)
-    return _contains(reads, buffer)
 
 
 def _copy(param: object, scratch: object, count: tirx.PrimExpr, into_scratch: bool) -> tirx.Stmt:
