@@ -105,3 +105,68 @@ def test_a_detector_with_a_dynamic_height_and_width_matches_onnxruntime(tmp_path
         x = rng.standard_normal(size).astype("float32")
         want = session.run(None, {"x": x})[0]
         np.testing.assert_allclose(runtime.infer(x)[0], want, rtol=1e-4, atol=1e-5, err_msg=str(size))
+
+
+# -- transposed convolutions whose kernel is their stride (upsampling heads), over a dynamic size -----------------
+
+def _upsampling_head(c_in: int, c_out: int, stride: tuple[int, int], head: str) -> bytes:
+    """ConvTranspose (kernel = stride) then an epilogue: DBNet's heads (batch norm and ReLU; a sigmoid), one
+    without, exported with a dynamic batch, height and width."""
+    torch = pytest.importorskip("torch", reason="the torch extra is installed by ./scripts/setup")
+    nn = torch.nn
+    torch.manual_seed(sum(stride) + c_out)
+    layers = [nn.ConvTranspose2d(c_in, c_out, stride, stride, bias=head != "bn-relu")]
+    if head == "bn-relu":
+        norm = nn.BatchNorm2d(c_out)
+        norm.running_mean.uniform_(-0.5, 0.5)
+        norm.running_var.uniform_(0.5, 2.0)
+        layers += [norm, nn.ReLU()]
+    elif head == "sigmoid":
+        layers.append(nn.Sigmoid())
+    model = nn.Sequential(*layers).eval()
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (torch.randn(1, c_in, 8, 8),), buffer, input_names=["x"], output_names=["y"],
+                          opset_version=17, dynamo=False, dynamic_axes={"x": {0: "batch", 2: "height", 3: "width"}})
+    return buffer.getvalue()
+
+
+HEADS = {
+    # name: (c_in, c_out, stride, epilogue)
+    "24-24-bn-relu": (24, 24, (2, 2), "bn-relu"),
+    "24-1-sigmoid": (24, 1, (2, 2), "sigmoid"),
+    "5-3-stride-3x2-bias": (5, 3, (3, 2), "none"),
+}
+
+
+@pytest.mark.parametrize("opt_level", [1, 3])
+@pytest.mark.parametrize("case", list(HEADS))
+def test_an_upsampling_transposed_convolution_over_a_dynamic_size_matches_onnxruntime(case, opt_level, tmp_path):
+    """At opt_level 3 a 1x1 convolution (the dynamic convolution rule) and a depth-to-space; below, TOPI's
+    dilated form. Against onnxruntime at sizes that take each path of the convolution's row tiles."""
+    import forge
+
+    ort = pytest.importorskip("onnxruntime", reason="onnxruntime is the reference (installed by ./scripts/setup)")
+    data = _upsampling_head(*HEADS[case])
+    forge.from_onnx(data).compile(output_path=tmp_path / "artifact", opt_level=opt_level, export_metadata=True)
+    rules = json.loads((tmp_path / "artifact" / "model_metadata.json").read_text())["schedules"]["rules"]
+    assert ("DynamicConv2dNCHW" in rules.values()) == (opt_level == 3), rules
+    runtime = forge.Runtime(tmp_path / "artifact")
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(4)
+    c_in = HEADS[case][0]
+    for size in [(1, c_in, 16, 24), (2, c_in, 13, 7), (1, c_in, 1, 3)]:
+        x = rng.standard_normal(size).astype("float32")
+        want = session.run(None, {"x": x})[0]
+        np.testing.assert_allclose(runtime.infer(x)[0], want, rtol=1e-4, atol=1e-5, err_msg=str(size))
+
+
+def test_a_static_transposed_convolution_keeps_the_transposed_rule():
+    import forge
+    from forge_core.builtin.inference_rewrites import transposed_convolutions_as_convolutions
+    from forge_core.passes import PassContext
+
+    ir = forge.from_onnx(_upsampling_head(*HEADS["24-1-sigmoid"]), shape={"x": (1, 24, 8, 8)})
+    static = transposed_convolutions_as_convolutions(ir.mod, PassContext(target=None, options={}))
+    assert "conv2d_transpose" in static.script()
