@@ -156,6 +156,7 @@ def test_float_state_becomes_inputs_and_outputs_and_streams_like_the_interpreter
     assert [(s.shape, s.dtype) for s in ir.input_specs[1:]] == [((1, 6), "float32"), ((1, 4, 6), "float32")]
     start = ir.initial_state
     assert set(start) == {"total", "history"} and not start["total"].any() and start["history"].std() > 0.5
+    assert "State: 2 input(s) fed back" in ir.summary() and "total, history" in ir.summary()
 
     function = ir.get_inference_function()
     assert stream_like_the_interpreter(model, start, function, calls=5, atol=1e-5) > 1.0

@@ -999,6 +999,12 @@ class IRModule(SignatureSurface):
             *[f"  {spec.describe()}" for spec in self.output_specs],
             f"Graphs: {self.graph_count} (subgraphs: {self.subgraph_count}); params: {len(self._params)}",
             "Flags: " + ", ".join(f"{k}={v}" for k, v in vars(self._state).items()),
+        ]
+        state = self.initial_state
+        if state:
+            lines.append(f"State: {len(state)} input(s) fed back from the output of the same name + '_next', starting "
+                         "at IRModule.initial_state: " + ", ".join(state))
+        lines += [
             "Operators:",
         ]
         width = max((len(name) for name in ops), default=0)
