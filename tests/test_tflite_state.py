@@ -15,6 +15,7 @@ tensors): all four were refused before ("cannot convert 4 operator types").
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import warnings
 from pathlib import Path
@@ -160,9 +161,21 @@ def test_float_state_becomes_inputs_and_outputs_and_streams_like_the_interpreter
 
     function = ir.get_inference_function()
     assert stream_like_the_interpreter(model, start, function, calls=5, atol=1e-5) > 1.0
-    ir.compile(output_path=tmp_path / "artifact")
-    runtime = forge.Runtime(tmp_path / "artifact")
-    stream_like_the_interpreter(model, start, runtime.infer, calls=5, atol=1e-5)
+    ir.compile(output_path=tmp_path / "artifact", export_metadata=True)
+    runtime = forge.Runtime(tmp_path / "artifact")  # the artifact carries the starting values
+    assert set(runtime.initial_state) == set(start)
+    assert all(np.array_equal(runtime.initial_state[name], start[name]) for name in start)
+    stream_like_the_interpreter(model, runtime.initial_state, runtime.infer, calls=5, atol=1e-5)
+    jsonschema = pytest.importorskip("jsonschema", reason="installed by ./scripts/setup")
+    from forge_core.runtime.metadata import JSON_SCHEMA
+
+    jsonschema.validate(json.loads((tmp_path / "artifact" / "model_metadata.json").read_text()), JSON_SCHEMA)
+    # Encrypted, the starting values are the model's own: in the encrypted library only, not its readable header.
+    ir.compile(output_path=tmp_path / "sealed", encrypt_password="streaming state", export_metadata=True)
+    assert "initial_state" not in json.loads((tmp_path / "sealed" / "model_metadata.json").read_text())
+    sealed = forge.Runtime(tmp_path / "sealed", tmp_path / "sealed" / "modelKey.bin", "streaming state")
+    assert all(np.array_equal(sealed.initial_state[name], start[name]) for name in start)
+    stream_like_the_interpreter(model, sealed.initial_state, sealed.infer, calls=2, atol=1e-5)
 
 
 def test_int8_stream_and_the_ops_that_move_int8_values_are_exact():
@@ -188,4 +201,5 @@ def test_shipped_wake_word_models_stream_bit_for_bit(path, tmp_path):
     assert spread > 30, "the state should vary: the check is weak otherwise"
     if path.stem == "okay_nabu":  # one compiled artifact: the rest is the same converter
         ir.compile(output_path=tmp_path / "artifact")
-        stream_like_the_interpreter(model, ir.initial_state, forge.Runtime(tmp_path / "artifact").infer, calls=8)
+        runtime = forge.Runtime(tmp_path / "artifact")
+        stream_like_the_interpreter(model, runtime.initial_state, runtime.infer, calls=8)

@@ -25,6 +25,7 @@ from forge_core.files import StagedDirectory
 from forge_core.compiler.toolchain import toolchain_for
 from forge_core.errors import CompilationError, ForgeError
 from forge_core.ir import weights
+from forge_core.ir.state import initial_state
 from forge_core.plugin_manager import get_plugin_manager
 from forge_core.runtime import metadata as schema
 from forge_core.runtime.signature import DYNAMIC_DIM, TensorSpec, format_shape
@@ -196,6 +197,9 @@ def compile_module(
     )
     if buckets:
         document["shape_buckets"] = buckets
+    state = initial_state(ir.mod["main"])
+    if state:
+        document["initial_state"] = schema.encode_arrays(state)
     if toolchain.device_code is not None:
         document["cuda"] = toolchain.device_code
     final_ir = mod

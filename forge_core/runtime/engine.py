@@ -128,6 +128,13 @@ class LoadedArtifact(SignatureSurface):
         return str(self._metadata.get("device_type", "cpu"))
 
     @property
+    def initial_state(self) -> dict[str, np.ndarray]:
+        """Where a stateful model's state inputs start, by input name (empty for a stateless model): feed them
+        to the first call and each ``<name>_next`` output back as the next call's ``<name>``
+        (:attr:`forge.IRModule.initial_state`, carried in the artifact's metadata)."""
+        return schema.decode_arrays(self._metadata.get("initial_state", {}))
+
+    @property
     def input_specs(self) -> list[TensorSpec]:
         """Name, shape and dtype of each input, as the metadata records them."""
         return list(self._inputs)

@@ -56,14 +56,22 @@ Schema, version 1 (``schema_version``)::
                      quant_type, excluded) and "layers": {output node: {"kind", "node",
                      "inputs": {tensor: {"scale", "zero_point", "dtype", "axis"} or "dynamic"},
                      "weight": {...}, "bias": {...}}}
+    initial_state    optional, for a stateful model (TFLite resource variables as explicit state):
+                     {state input name: {"dtype", "shape", "data": base64 of the C-order bytes}}, the
+                     values the state inputs start from; each input's next value is the output
+                     "<name>_next" (Runtime.initial_state)
     library          only in model_metadata.json: {"file": "model_library.so", "sha256": ...}
 """
 
 from __future__ import annotations
 
+import base64
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 SCHEMA_VERSION = 1
 ARTIFACT_MARK = "model_library"
@@ -160,6 +168,13 @@ JSON_SCHEMA: dict[str, Any] = {
                          "quant_type", "layers"],
             "properties": {"quant_type": {"enum": ["static", "dynamic"]}, "layers": {"type": "object"}},
         },
+        "initial_state": {
+            "type": "object",
+            "additionalProperties": {
+                "type": "object", "required": ["dtype", "shape", "data"],
+                "properties": {"dtype": {"type": "string"},
+                               "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                               "data": {"type": "string"}}}},
         "library": {
             "type": "object",
             "required": ["file", "sha256"],
@@ -170,6 +185,19 @@ JSON_SCHEMA: dict[str, Any] = {
 """The schema as JSON Schema (draft 2020-12), for validating ``model_metadata.json``."""
 
 _ANCHOR = b'{"forge_artifact": "' + ARTIFACT_MARK.encode() + b'"'
+
+
+def encode_arrays(values: Mapping[str, np.ndarray]) -> dict[str, dict[str, Any]]:
+    """Arrays as the ``initial_state`` entry holds them: dtype, shape and base64 of their bytes."""
+    return {name: {"dtype": str(value.dtype), "shape": [int(d) for d in value.shape],
+                   "data": base64.b64encode(np.ascontiguousarray(value).tobytes()).decode("ascii")}
+            for name, value in values.items()}
+
+
+def decode_arrays(entry: Mapping[str, Mapping[str, Any]]) -> dict[str, np.ndarray]:
+    """The arrays :func:`encode_arrays` wrote."""
+    return {name: np.frombuffer(base64.b64decode(item["data"]), dtype=str(item["dtype"]))
+            .reshape([int(d) for d in item["shape"]]).copy() for name, item in entry.items()}
 
 
 def dumps(metadata: dict[str, Any]) -> str:

@@ -22,7 +22,7 @@ dropped or appended chunk, or a truncation fails with
 The header carries the artifact's metadata document (uuid, target, inputs,
 outputs), so ``forge info`` reads it without the password; it is verified
 only once the library is decrypted. The entries that describe the model's
-inside, :data:`PRIVATE_METADATA` (the kernel names of ``schedules``, the
+inside, :data:`PRIVATE_METADATA` (the kernel names of ``schedules``, a stateful model's ``initial_state``, the
 per-layer scales of ``quantization``), stay in the encrypted library only.
 
 **The key file.** The data key, wrapped with AES-256-GCM under a key that
@@ -68,7 +68,7 @@ SCRYPT_PARAMETERS = {"n": 1 << 15, "r": 8, "p": 1}
 """scrypt's cost when encrypting: 32 MiB and about 0.1 s here per derivation."""
 SCRYPT_LIMITS = {"n": (1 << 14, 1 << 20), "r": (1, 16), "p": (1, 4), "memory": 1 << 28}
 """What a key file may ask for: n (a power of two), r and p ranges, and at most 256 MiB (128·n·r)."""
-PRIVATE_METADATA = ("schedules", "quantization")
+PRIVATE_METADATA = ("schedules", "quantization", "initial_state")
 """Metadata entries left out of the readable header: they name the model's layers."""
 _TAG = 16
 _NONCE = 12
