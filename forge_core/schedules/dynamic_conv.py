@@ -21,7 +21,7 @@ from tvm.s_tir import dlight
 from forge_core.schedules.blocks import blocks, extent, is_static, iter_kinds, largest_divisor, name_of, producer, \
     vector_unit
 from forge_core.schedules.conv2d import _tile_for_16_registers, tile_convolution
-from forge_core.schedules.epilogue import attach_epilogue, parallel_vectorized, split_epilogue
+from forge_core.schedules.epilogue import parallel_vectorized
 from forge_core.schedules.rewrite import substitute
 
 ROW_PIXELS = 12
@@ -64,47 +64,6 @@ class DynamicConv2dNCHW(dlight.ScheduleRule):
         if pad is not None:
             parallel_vectorized(sch, pad, unit.lanes(dtype))
         clamped = _clamp_last_tile(sch.mod["main"], sch.get(x_outer), tile_x, width)
-        if clamped is None:
-            return None
-        return s_tir.Schedule(clamped)
-
-
-class DynamicGroupedConv2dNCHW(dlight.ScheduleRule):
-    """A depthwise or grouped convolution over a dynamic height and width: parallel over the channel planes, a
-    row tile of one vector of outputs, its last tile clamped to the row's end (the padding its own parallel
-    stage, as the row's width is not known to size a plane buffer)."""
-
-    def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:  # type: ignore[override]
-        if not isinstance(func, tirx.PrimFunc) or is_static(func):
-            return None
-        sch = s_tir.Schedule(func)
-        convs = [b for b in blocks(sch) if name_of(sch, b).startswith(("group_conv2d", "depthwise"))
-                 and iter_kinds(sch, b) == "SSSSRRR"]
-        if len(convs) != 1:
-            return None
-        conv = convs[0]
-        stmt = sch.get(conv)
-        n, c, y, x, rc, ry, rx = sch.get_loops(conv)
-        if any(extent(sch, loop) is None for loop in (c, rc, ry, rx)):
-            return None
-        if any(set(iter_kinds(sch, b)) != {"S"} for b in blocks(sch) if not sch.get(b).same_as(stmt)):
-            return None
-        width = stmt.iter_vars[3].dom.extent
-        dtype = str(stmt.writes[0].source.dtype)
-        lanes = vector_unit(target).lanes(dtype)
-        pad = producer(sch, conv, stmt.reads[0].source)
-        epilogue = split_epilogue(sch, conv)
-        x_outer, x_inner = sch.split(x, [None, lanes])
-        sch.reorder(n, c, y, x_outer, rc, ry, rx, x_inner)
-        writer = attach_epilogue(sch, conv, epilogue)
-        sch.reverse_compute_at(writer, x_outer)
-        sch.vectorize(sch.get_loops(writer)[-1])
-        sch.parallel(sch.fuse(n, c))
-        sch.vectorize(x_inner)
-        sch.decompose_reduction(conv, rc)
-        if pad is not None:
-            parallel_vectorized(sch, pad, lanes)
-        clamped = _clamp_last_tile(sch.mod["main"], sch.get(x_outer), lanes, width)
         if clamped is None:
             return None
         return s_tir.Schedule(clamped)

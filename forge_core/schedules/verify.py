@@ -434,7 +434,7 @@ def verified_rows(names: list[str]) -> list[dict[str, int]]:
     return [over, under]
 
 
-DYNAMIC_RULES = ("DynamicConv2dNCHW", "DynamicGroupedConv2dNCHW", "DynamicMatmul", "DynamicRowReduction")
+DYNAMIC_RULES = ("DynamicConv2dNCHW", "DynamicMatmul", "DynamicRowReduction")
 """Rules that schedule a function over its symbolic dims: verified with every dim bound to each of
 :data:`VERIFIED_DIMS`: 19, over two vectors and no multiple of one, and over every row tile of a dynamic
 convolution and no multiple of one (its clamped last tile). A row narrower than a tile runs TVM's guarded split,
