@@ -116,18 +116,15 @@ def _note_generic_kernels(inputs: Sequence[TensorSpec]) -> None:
     each alone per block of rows (``schedules/row_blocks.py``: a transformer's
     dense layers over batch and sequence), attention and softmax over a
     dynamic sequence and convolutions (groups=1) over a dynamic height and
-    width by their dynamic rules, and so are transposed convolutions whose
-    kernel is their stride (as 1x1 convolutions, from opt_level 3); the
-    others are not tiled.
+    width by their dynamic rules; the others are not tiled.
     """
     dynamic = [spec for spec in inputs if spec.shape is not None and DYNAMIC_DIM in spec.shape[1:]]
     if not dynamic:
         return
     logger.warning(
         "%s: the artifact runs at any size, but of the kernels over dynamic dims other than the batch, depthwise, "
-        "grouped and transposed convolutions (but those whose kernel is their stride) and pooling over a dynamic "
-        "height or width are not tiled and run several times slower than a static model's (dense layers, "
-        "attention and convolutions are tiled). "
+        "grouped and transposed convolutions and pooling over a dynamic height or width are not tiled and run "
+        "several times slower than a static model's (dense layers, attention and convolutions are tiled). "
         "For full speed at the sizes you run, name them with "
         "shape_buckets=[{input: shape}, ...] (forge compile --shape-bucket), or fix the shape at import (shape=...).",
         "; ".join(f"input {spec.name!r} has dynamic dims {format_shape(spec.shape, spec.dims)}" for spec in dynamic))

@@ -2,8 +2,8 @@
 
 Graph preparation (Forge):
     bind ``params`` as constants; names made C identifiers (every target); a quantized module's QDQ operators into
-    integer ones (``lower_quantized``); ``opt_level >= 3``: the ``remove_dropout`` and
-    ``transposed_convolutions_as_convolutions`` passes, decompose inference ops (batch norm, layer norm...) and canonicalize
+    integer ones (``lower_quantized``); ``opt_level >= 3``: the ``remove_dropout``
+    pass, decompose inference ops (batch norm, layer norm...) and canonicalize
     bindings; channel layout
     conversion; float16 conversion; ``opt_level >= 2``: constant folding,
     common-subexpression and dead-code elimination; ``opt_level >= 3``: the
@@ -54,7 +54,7 @@ def prepare_graph(mod: tvm.IRModule, options: CompileOptions, target: tvm.target
     mod = plain_names(run_external_codegens(mod))
     names: list[str] = ["lower_quantized"]
     if options.opt_level >= 3:
-        names += ["remove_dropout", "transposed_convolutions_as_convolutions", "decompose_for_inference"]
+        names += ["remove_dropout", "decompose_for_inference"]
     if options.set_channel_layout is not None:
         names.append("set_channel_layout")
     if options.set_float16:
