@@ -1004,9 +1004,7 @@ class IRModule(SignatureSurface):
         if state:
             lines.append(f"State: {len(state)} input(s) fed back from the output of the same name + '_next', starting "
                          "at IRModule.initial_state: " + ", ".join(state))
-        lines += [
-            "Operators:",
-        ]
+        lines.append("Operators:")
         width = max((len(name) for name in ops), default=0)
         lines += [f"  {name:<{width}}  {count:>6}" for name, count in ops.items()]
         return "\n".join(lines)

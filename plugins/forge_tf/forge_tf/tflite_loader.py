@@ -79,14 +79,14 @@ def _through_tflite(model: TFLiteModel, specs: Sequence[InputSpec]) -> tvm.IRMod
 def _explicit_state(mod: tvm.IRModule, tflite_model: TFLiteModel, output_names: list[str]) -> tvm.IRModule:
     """The state inputs named after their variables, their outputs ``<variable>_next``, their starting values
     recorded (:mod:`forge_tf.resource_variables`)."""
-    state = tflite_model.state
-    own_inputs = len(tflite_model.inputs) - len(state)
+    state, inputs = tflite_model.state, tflite_model.inputs
+    own_inputs = len(inputs) - len(state)
     own_outputs = len(output_names) - len(state)
-    input_names = [info.name for info in tflite_model.inputs[:own_inputs]] + [v.name for v in state]
+    input_names = [info.name for info in inputs[:own_inputs]] + [v.name for v in state]
     mod = rename_inputs(mod, input_names)
     mod = with_output_names(mod, output_names[:own_outputs] + [v.output_name for v in state])
     starts = {}
-    for variable, info in zip(state, tflite_model.inputs[own_inputs:]):
+    for variable, info in zip(state, inputs[own_inputs:]):
         if variable.initial is None:
             raise ModelImportError(
                 f"{LOADER}: resource variable {variable.name!r} is read before it is assigned and no CALL_ONCE "
