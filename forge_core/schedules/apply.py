@@ -10,6 +10,7 @@ import tvm
 from tvm import relax, s_tir, tirx
 from tvm.s_tir import dlight
 
+from forge_core.ir.constant_calls import fold_constant_calls
 from forge_core.passes import replace_functions
 from forge_core.schedules.batch_loop import batch_var, per_batch_item
 from forge_core.schedules.blocks import blocks, is_static
@@ -120,7 +121,8 @@ def fold_repacked_weights(mod: tvm.IRModule) -> tvm.IRModule:
     """Run the weight-repacking stages the rules marked once, at compile time.
 
     TVM's SplitLayoutRewritePreproc fails on some opaque PrimFuncs (sorts), so
-    it sees only the functions that carry a repacking stage.
+    it sees only the functions that carry a repacking stage. The repacking calls
+    are evaluated together (:func:`fold_constant_calls`), not one LLVM build each.
     """
     marked = {gv for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc) and _has_prepack(f)}
     if not marked:
@@ -130,7 +132,7 @@ def fold_repacked_weights(mod: tvm.IRModule) -> tvm.IRModule:
     subset = relax.transform.SplitLayoutRewritePreproc()(subset)
     for gv, func in others.items():
         subset[gv] = func
-    subset = relax.transform.FoldConstant()(subset)
+    subset = relax.transform.FoldConstant()(fold_constant_calls(subset))
     return relax.transform.DeadCodeElimination()(subset)
 
 
