@@ -14,6 +14,7 @@ import tempfile
 from typing import Any
 
 import tvm
+from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
 
@@ -49,8 +50,19 @@ def export_linked_candidate(scratch: str, target: str, mod: Any) -> str:
     return path
 
 
+@derived_object
+class _LocalBuilder(ms.builder.LocalBuilder._cls):  # noqa: SLF001 - TVM's way to derive a builder
+    """MetaSchedule's ``LocalBuilder`` without its start-up check, which starts a worker process (importing
+    TVM: about 5 s of a short session) only to look the two functions up there. The functions are Python
+    ones, sent to every worker with each batch; one that failed there would fail each candidate's build,
+    with the reason in the session's log."""
+
+    def _sanity_check(self) -> None:
+        return None
+
+
 def make_builder(target: tvm.target.Target, scratch: str, remote: bool) -> Any:
     """The candidate builder: objects for the local runner, linked libraries for a board."""
     export = (functools.partial(export_linked_candidate, scratch, str(target)) if remote
               else functools.partial(export_candidate, scratch))
-    return ms.builder.LocalBuilder(f_build=build_candidate, f_export=export)
+    return _LocalBuilder(f_build=build_candidate, f_export=export)

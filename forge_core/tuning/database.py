@@ -82,7 +82,7 @@ def apply_database(mod: tvm.IRModule, target: tvm.target.Target, directory: Path
 
     database = open_database(directory, create=False)
     before = {gv: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
-    with target, database, cpu_tensor_intrinsics():  # records name TVM's intrinsics, made correct there
+    with target, database, cpu_tensor_intrinsics(target):  # records name TVM's intrinsics, made correct there
         applied = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
     result = tvm.IRModule(dict(applied.functions), attrs=applied.attrs)
     for gv, func in applied.functions.items():

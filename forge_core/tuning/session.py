@@ -320,7 +320,7 @@ def _keep_measured(stage: StagedDirectory, staged: Path, directory: Path, exc: B
 def _search(extracted: list[Any], directory: Path, *, trials: int, trials_per_task: int | None, builder: Any,
             runner: Any, database: Any, callback: _BudgetAndProgress) -> None:
     """MetaSchedule's search over the tasks, within the budget ``callback`` checks."""
-    with cpu_tensor_intrinsics():
+    with cpu_tensor_intrinsics(extracted[0].target if len({str(t.target) for t in extracted}) == 1 else None):
         ms_logger = logging.getLogger("tvm.s_tir.meta_schedule")
         # TVM rebuilds this logger's configuration by handler name, and fails on a
         # handler that has none (test runners and applications attach such handlers).
