@@ -27,9 +27,11 @@ TARGET = runnable_here(tvm.target.Target.from_device(tvm.cpu()))
 SIZES = [(24, 24), (13, 17), (5, 3), (1, 1), (2, 40)]
 
 
-def _conv(c_in: int, c_out: int, kernel: int, stride: int, epilogue: bool, groups: int = 1) -> tirx.PrimFunc:
+def _conv(c_in: int, c_out: int, kernel: int, stride: int, epilogue: bool, groups: int = 1,
+          dynamic_batch: bool = False) -> tirx.PrimFunc:
     height, width = tirx.Var("height", "int64"), tirx.Var("width", "int64")
-    x = relax.Var("x", relax.TensorType([1, c_in, height, width], "float32"))
+    batch = tirx.Var("batch", "int64") if dynamic_batch else 1
+    x = relax.Var("x", relax.TensorType([batch, c_in, height, width], "float32"))
     w = relax.Var("w", relax.TensorType([c_out, c_in // groups, kernel, kernel], "float32"))
     b = relax.Var("b", relax.TensorType([1, c_out, 1, 1], "float32"))
 
@@ -60,6 +62,14 @@ def test_a_convolution_over_a_dynamic_height_and_width_computes_its_unscheduled_
     scheduled = _schedule(func)
     assert str(scheduled.attrs[RULE_ATTR]) == "DynamicConv2dNCHW"
     _check_sizes(func, scheduled, ("height", "width"), SIZES, len(case))
+
+
+@pytest.mark.parametrize("case", ["3x3-bias-clip", "3x3-stride-2"])
+def test_a_dynamic_batch_height_and_width_compute_the_unscheduled_values(case):
+    func = _conv(*CONVS[case], dynamic_batch=True)
+    scheduled = _schedule(func)
+    assert str(scheduled.attrs[RULE_ATTR]) == "DynamicConv2dNCHW"
+    _check_sizes(func, scheduled, ("batch", "height", "width"), [(3, 13, 17), (2, 5, 3), (1, 24, 24)], 3)
 
 
 def test_the_last_tile_of_a_row_is_clamped_and_unguarded():
