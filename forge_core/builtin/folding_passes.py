@@ -29,8 +29,7 @@ from forge_core.quantization import held_weights
 
 
 def fold_constants(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:
-    # Every call legalized: one TVM cannot lower fails on import (the frontend names its node), not in compile().
-    return held_weights.fold_constants(mod, legalize_all=True)
+    return held_weights.fold_constants(mod)
 
 
 def _conv_bias_batch_norm_pattern() -> tuple[dpl.DFPattern, dict[str, dpl.DFPattern]]:

@@ -170,98 +170,37 @@ def fold_arithmetic(mod: tvm.IRModule) -> tvm.IRModule:
 # find its shape, keeps the legalized calls, and drops the PrimFunc they call (its ``shape_func``): the module
 # then fails to build ("There is no definition of I.GlobalVar("shape_func")"). Such calls are held out of it.
 _HELD_OPS = ("relax.dynamic_strided_slice",)
-# FoldConstant also legalizes every other operator call of a dataflow block (TE, then a PrimFunc), constant or
-# not, before it looks at the arguments: 1.4 of Inception-v1's 2.2 s of import. A call with an argument that
-# is no constant and cannot become one is held out of it too, as a packed call of this name and its index.
-_HELD_PREFIX = "forge.held_call."
-_NEVER_HELD = ("relax.call_tir", "relax.call_pure_packed")
-
-
-def _may_be_constant(expr: relax.Expr, constant: set[int]) -> bool:
-    """False for a variable not in ``constant``, a tuple holding one, and a nested call; True for the rest
-    (constants, shapes, scalars, strings, data types, functions)."""
-    if isinstance(expr, relax.Var):
-        return _handle(expr) in constant
-    if isinstance(expr, relax.Tuple):
-        return all(_may_be_constant(field, constant) for field in expr.fields)
-    return not isinstance(expr, relax.Call)
-
-
-def _calls_to_hold(func: relax.Function, legalize_all: bool) -> set[int]:
-    """The operator calls of ``func`` that FoldConstant must not see (:data:`_HELD_OPS`) and, unless
-    ``legalize_all``, those it cannot fold."""
-    constant: set[int] = set()
-    held: set[int] = set()
-    for block in func.body.blocks:
-        for binding in block.bindings:
-            value = binding.value
-            if not isinstance(binding, relax.VarBinding):
-                continue
-            if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) \
-                    and str(value.op.name) not in _NEVER_HELD:
-                if str(value.op.name) in _HELD_OPS or (
-                        not legalize_all and not all(_may_be_constant(a, constant) for a in value.args)):
-                    held.add(_handle(value))
-                    continue
-            if (isinstance(value, relax.Call) and all(_may_be_constant(a, constant) for a in value.args)) \
-                    or _may_be_constant(value, constant):
-                constant.add(_handle(binding.var))
-    return held
+_HELD_PREFIX = "forge.held_op."
 
 
 @relax.expr_functor.mutator
 class _HoldCalls(relax.expr_functor.PyExprMutator):
-    """Hides the calls of ``held`` behind packed calls named by their index in ``originals``."""
-
-    def __init__(self, mod: tvm.IRModule, held: set[int], originals: list[relax.Call]) -> None:
+    def __init__(self, mod: tvm.IRModule, hold: bool) -> None:
         super().__init__(mod)
-        self.held, self.originals = held, originals
-
-    def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 (TVM's name)
-        hold = _handle(call) in self.held
-        call = super().visit_call_(call)
-        if not hold:
-            return call
-        self.originals.append(call)
-        # FoldConstant still puts a shape in place of a variable bound to it, in this call as in every other.
-        return relax.call_pure_packed(f"{_HELD_PREFIX}{len(self.originals) - 1}", *call.args, ty_args=call.ty)
-
-
-@relax.expr_functor.mutator
-class _ReleaseCalls(relax.expr_functor.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, originals: list[relax.Call]) -> None:
-        super().__init__(mod)
-        self.originals = originals
+        self.hold = hold
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 (TVM's name)
         call = super().visit_call_(call)
-        if isinstance(call.op, tvm.ir.Op) and str(call.op.name) == "relax.call_pure_packed":
-            name = str(getattr(call.args[0], "global_symbol", ""))
+        if self.hold and isinstance(call.op, tvm.ir.Op) and str(call.op.name) in _HELD_OPS:
+            return relax.call_pure_packed(_HELD_PREFIX + str(call.op.name), *call.args, ty_args=call.ty)
+        if not self.hold and isinstance(call.op, tvm.ir.Op) and str(call.op.name) == "relax.call_pure_packed":
+            callee = call.args[0]
+            name = str(getattr(callee, "global_symbol", ""))
             if name.startswith(_HELD_PREFIX):
-                original = self.originals[int(name[len(_HELD_PREFIX):])]
-                return relax.Call(original.op, list(call.args[1:]), original.attrs, original.ty_args)
+                return relax.Call(tvm.ir.Op.get(name[len(_HELD_PREFIX):]), list(call.args[1:]))
         return call
 
 
-def _rewrite(mod: tvm.IRModule, mutator: Callable[[relax.Function], relax.expr_functor.PyExprMutator]) -> tvm.IRModule:
+def _held(mod: tvm.IRModule, hold: bool) -> tvm.IRModule:
     updated = {}
     for gv, func in mod.functions.items():
-        if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
-            body = mutator(func).visit_expr(func.body)
+        if isinstance(func, relax.Function):
+            body = _HoldCalls(mod, hold).visit_expr(func.body)
             if not body.same_as(func.body):
                 updated[gv] = relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)
     return replace_functions(mod, updated) if updated else mod
 
 
-def fold_constant(mod: tvm.IRModule, *, legalize_all: bool = False) -> tvm.IRModule:
-    """Relax's ``FoldConstant`` on a module of Relax operators, with the calls it would break, and those it
-    cannot fold, held out of it.
-
-    With ``legalize_all``, FoldConstant still legalizes every call it is given (constant or not), as it
-    does on its own: a call that TVM cannot lower then fails here. The import passes ask for that once,
-    so that such a call fails on import, where the frontend names the node it comes from.
-    """
-    originals: list[relax.Call] = []
-    held = _rewrite(mod, lambda func: _HoldCalls(mod, _calls_to_hold(func, legalize_all), originals))
-    folded = relax.transform.FoldConstant()(held)
-    return relax.transform.Normalize()(_rewrite(folded, lambda func: _ReleaseCalls(folded, originals)))
+def fold_constant(mod: tvm.IRModule) -> tvm.IRModule:
+    """Relax's ``FoldConstant`` on a module of Relax operators, with the calls it would break held out of it."""
+    return relax.transform.Normalize()(_held(relax.transform.FoldConstant()(_held(mod, True)), False))

@@ -90,10 +90,8 @@ def held_weights(func: relax.Function) -> list[relax.Var]:
             if isinstance(b, relax.VarBinding) and is_dequantized_constant(b.value) and read_as_weight(b.var, True)]
 
 
-def fold_constants(mod: tvm.IRModule, *, legalize_all: bool = False) -> tvm.IRModule:
+def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
     """Relax's ``FoldConstant``, except the quantized weights of :func:`held_weights` stay ``dequantize(w_q)``.
-
-    ``legalize_all``: as :func:`~forge_core.ir.constant_arithmetic.fold_constant`'s.
 
     Each held weight's integer constant becomes a parameter of its function
     while ``FoldConstant`` runs (an input is not folded), and is bound back after.
@@ -126,7 +124,7 @@ def fold_constants(mod: tvm.IRModule, *, legalize_all: bool = False) -> tvm.IRMo
         params = [*func.params, *(var for var, _ in stand_ins.values())]
         updated[gv] = relax.Function(params, body, func.ret_ty, func.is_pure, func.attrs)
         held[gv] = stand_ins
-    folded = fold_constant(fold_arithmetic(updated), legalize_all=legalize_all)
+    folded = fold_constant(fold_arithmetic(updated))
     for gv, stand_ins in held.items():
         func = folded[gv.name_hint]
         # Bound by variable: the names are only hints.
