@@ -91,6 +91,16 @@ def replace_functions(mod: tvm.IRModule, updated: Mapping[tvm.ir.GlobalVar, tvm.
     return result
 
 
+def map_bindings(body: relax.SeqExpr, swap: Callable[[relax.Binding], relax.Binding]) -> relax.SeqExpr:
+    """``body`` with each binding replaced by ``swap(binding)``, in order, each block keeping its kind."""
+    blocks = []
+    for block in body.blocks:
+        bindings = [swap(binding) for binding in block.bindings]
+        blocks.append(relax.DataflowBlock(bindings) if isinstance(block, relax.DataflowBlock)
+                      else relax.BindingBlock(bindings))
+    return relax.SeqExpr(blocks, body.body)
+
+
 def rewrite_functions(mod: tvm.IRModule, pattern: dpl.DFPattern,
                       rewrite: Callable[[relax.Expr, dict], relax.Expr]) -> tvm.IRModule:
     """``mod`` with every match of ``pattern`` in its Relax functions replaced by ``rewrite(expr, matches)``."""

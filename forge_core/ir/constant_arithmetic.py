@@ -24,7 +24,7 @@ import tvm
 from tvm import relax
 
 from forge_core.graph.index import _handle
-from forge_core.passes import replace_functions
+from forge_core.passes import map_bindings, replace_functions
 
 _FLOAT = frozenset({"float16", "float32", "float64"})
 
@@ -125,29 +125,29 @@ def _fold_function(func: relax.Function) -> tuple[relax.Function, int]:
         return None
 
     folded = 0
-    blocks = []
-    for block in func.body.blocks:
-        bindings = []
-        for binding in block.bindings:
-            value = binding.value
-            if isinstance(binding, relax.VarBinding) and isinstance(value, relax.Call):
-                try:
-                    with np.errstate(all="ignore"):  # 1/0 is inf, as TVM's code computes it, without a warning
-                        result = _evaluate(value, operand)
-                except (ValueError, TypeError, IndexError):
-                    result = None  # numpy refused it: FoldConstant decides
-                if result is not None:
-                    result = np.ascontiguousarray(result)
-                    if _matches(result, binding.var.ty):
-                        known[_handle(binding.var)] = result
-                        binding = relax.VarBinding(binding.var, relax.const(result, str(result.dtype)))
-                        folded += 1
-            bindings.append(binding)
-        blocks.append(relax.DataflowBlock(bindings) if isinstance(block, relax.DataflowBlock)
-                      else relax.BindingBlock(bindings))
+
+    def fold(binding: relax.Binding) -> relax.Binding:
+        nonlocal folded
+        value = binding.value
+        if not (isinstance(binding, relax.VarBinding) and isinstance(value, relax.Call)):
+            return binding
+        try:
+            with np.errstate(all="ignore"):  # 1/0 is inf, as TVM's code computes it, without a warning
+                result = _evaluate(value, operand)
+        except (ValueError, TypeError, IndexError):
+            result = None  # numpy refused it: FoldConstant decides
+        if result is None:
+            return binding
+        result = np.ascontiguousarray(result)
+        if not _matches(result, binding.var.ty):
+            return binding
+        known[_handle(binding.var)] = result
+        folded += 1
+        return relax.VarBinding(binding.var, relax.const(result, str(result.dtype)))
+
+    body = map_bindings(func.body, fold)
     if not folded:
         return func, 0
-    body = relax.SeqExpr(blocks, func.body.body)
     return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs), folded
 
 

@@ -22,7 +22,7 @@ import tvm
 from tvm import relax, tirx
 
 from forge_core.graph.index import _handle
-from forge_core.passes import replace_functions
+from forge_core.passes import map_bindings, replace_functions
 
 logger = logging.getLogger("forge.fold")
 
@@ -60,7 +60,7 @@ def _foldable(mod: tvm.IRModule, func: relax.Function) -> tuple[list[_Call], dic
     to one, or the result of an earlier call of the list), and the variables bound to constants."""
     calls = []
     bound: dict[int, tvm.runtime.Tensor] = {}
-    constant_vars: set[int] = set()
+    results: set[int] = set()  # the variables of the listed calls with a tensor result
     for block in func.body.blocks:
         for binding in block.bindings:
             if not isinstance(binding, relax.VarBinding):
@@ -68,7 +68,6 @@ def _foldable(mod: tvm.IRModule, func: relax.Function) -> tuple[list[_Call], dic
             value = binding.value
             if _is_constant(value):
                 bound[_handle(binding.var)] = value.value
-                constant_vars.add(_handle(binding.var))
                 continue
             if not (isinstance(value, relax.Call) and value.op.same_as(_CALL_TIR) and len(value.args) == 2):
                 continue
@@ -76,15 +75,15 @@ def _foldable(mod: tvm.IRModule, func: relax.Function) -> tuple[list[_Call], dic
             if not isinstance(callee, tvm.ir.GlobalVar) or not isinstance(mod[callee], tirx.PrimFunc):
                 continue
             if not isinstance(arguments, relax.Tuple) or not all(
-                    _is_constant(a) or (isinstance(a, relax.Var) and _handle(a) in constant_vars)
+                    _is_constant(a) or (isinstance(a, relax.Var) and (_handle(a) in bound or _handle(a) in results))
                     for a in arguments.fields):
                 continue
             outputs = _static_tensor_types(binding.var.ty)
             if outputs is None:
                 continue
             calls.append(_Call(binding, callee, list(arguments.fields), outputs))
-            if len(outputs) == 1 and not isinstance(binding.var.ty, relax.TupleType):
-                constant_vars.add(_handle(binding.var))
+            if not isinstance(binding.var.ty, relax.TupleType):
+                results.add(_handle(binding.var))
     return calls, bound
 
 
@@ -99,14 +98,9 @@ def _build(mod: tvm.IRModule, callees: set[tvm.ir.GlobalVar]) -> tvm.runtime.Mod
 
 
 def _rebind(func: relax.Function, values: dict[int, relax.Expr]) -> relax.Function:
-    blocks = []
-    for block in func.body.blocks:
-        bindings = [relax.VarBinding(b.var, values[_handle(b.var)]) if _handle(b.var) in values else b
-                    for b in block.bindings]
-        blocks.append(relax.DataflowBlock(bindings) if isinstance(block, relax.DataflowBlock)
-                      else relax.BindingBlock(bindings))
-    return relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure,
-                          func.attrs)
+    body = map_bindings(func.body, lambda b: relax.VarBinding(b.var, values[_handle(b.var)])
+                        if _handle(b.var) in values else b)
+    return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs)
 
 
 def fold_constant_calls(mod: tvm.IRModule) -> tvm.IRModule:

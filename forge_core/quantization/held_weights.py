@@ -25,6 +25,7 @@ from tvm import relax
 
 from forge_core.graph.index import _handle
 from forge_core.ir.constant_arithmetic import fold_arithmetic, fold_constant
+from forge_core.passes import map_bindings
 
 _INTEGER_DTYPES = frozenset({"int8", "uint8", "int16", "int32"})
 
@@ -105,8 +106,8 @@ def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
         chosen = {_handle(v) for v in weights}
         stand_ins: dict[int, tuple[relax.Var, tvm.runtime.Tensor]] = {}
 
-        def swap(binding: relax.VarBinding) -> relax.VarBinding:
-            if _handle(binding.var) not in chosen:
+        def swap(binding: relax.Binding) -> relax.Binding:
+            if not isinstance(binding, relax.VarBinding) or _handle(binding.var) not in chosen:
                 return binding
             call = binding.value
             constant = call.args[0]
@@ -115,12 +116,7 @@ def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
             value = relax.Call(call.op, [stand_in, *call.args[1:]], call.attrs)
             return relax.VarBinding(binding.var, value)
 
-        blocks = []
-        for block in func.body.blocks:
-            bindings = [swap(b) if isinstance(b, relax.VarBinding) else b for b in block.bindings]
-            blocks.append(relax.DataflowBlock(bindings) if isinstance(block, relax.DataflowBlock)
-                          else relax.BindingBlock(bindings))
-        body = relax.SeqExpr(blocks, func.body.body)
+        body = map_bindings(func.body, swap)
         params = [*func.params, *(var for var, _ in stand_ins.values())]
         updated[gv] = relax.Function(params, body, func.ret_ty, func.is_pure, func.attrs)
         held[gv] = stand_ins
