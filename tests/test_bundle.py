@@ -194,6 +194,75 @@ np.savez(sys.argv[4], **{name: forge_runtime.Runtime(path).infer(x)[0] for name,
 """
 
 
+def _dynamic_detector() -> bytes:
+    """A detector over any batch, height and width, built with onnx.helper: a strided convolution, a depthwise
+    one, a max pool, a 1x1 convolution and a transposed convolution back up, random weights."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(8)
+
+    def weight(name: str, *shape: int) -> onnx.TensorProto:
+        return numpy_helper.from_array((rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype("float32"),
+                                       name)
+
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], kernel_shape=[3, 3], strides=[2, 2],
+                              pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=8),
+             helper.make_node("Clip", ["c2", "lo", "hi"], ["r2"]),
+             helper.make_node("MaxPool", ["r2"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Conv", ["p", "w3"], ["c3"], kernel_shape=[1, 1]),
+             helper.make_node("ConvTranspose", ["c3", "w4", "b4"], ["t"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Sigmoid", ["t"], ["y"])]
+    inits = [weight("w1", 8, 3, 3, 3), weight("b1", 8), weight("w2", 8, 1, 3, 3), weight("w3", 16, 8, 1, 1),
+             weight("w4", 16, 4, 2, 2), weight("b4", 4),
+             numpy_helper.from_array(np.float32(0), "lo"), numpy_helper.from_array(np.float32(6), "hi")]
+    graph = helper.make_graph(nodes, "dynamic-detector",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, "height", "width"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4, None, None])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    return model.SerializeToString()
+
+
+_DYNAMIC_RUNNER = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+import forge_runtime
+runtime = forge_runtime.Runtime(sys.argv[2])
+inputs = np.load(sys.argv[3])
+np.savez(sys.argv[4], **{name: runtime.infer(inputs[name])[0] for name in inputs.files})
+"""
+
+
+def test_a_model_with_a_dynamic_height_and_width_runs_at_any_size_under_qemu(arm64_root, tmp_path):
+    """One raspberry-pi/5 artifact over a dynamic batch, height and width (the dynamic rules' clamped tiles on
+    NEON's 4 lanes: convolution, depthwise, pooling, transposed convolution), run at three sizes by Debian's
+    arm64 Python: onnxruntime's numbers at each."""
+    model = _dynamic_detector()
+    forge.from_onnx(model).compile(target="raspberry-pi/5", output_path=tmp_path / "artifact", export_metadata=True)
+    rules = set(json.loads((tmp_path / "artifact" / "model_metadata.json").read_text())["schedules"]["rules"].values())
+    assert {"DynamicConv2dNCHW", "DynamicGroupedConv2dNCHW", "DynamicWindowPoolNCX", "ConvTransposeNCHW"} <= rules
+    forge.bundle(tmp_path / "artifact", "linux-aarch64", tmp_path / "bundle")
+    rng = np.random.default_rng(4)
+    inputs = {f"x{i}": rng.standard_normal(size).astype("float32")
+              for i, size in enumerate([(1, 3, 32, 48), (2, 3, 20, 12), (1, 3, 4, 44)])}
+    np.savez(tmp_path / "inputs.npz", **inputs)
+    (tmp_path / "runner.py").write_text(_DYNAMIC_RUNNER)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "TVM_", "FORGE_"))}
+    done = subprocess.run([*qemu_python(arm64_root), str(tmp_path / "runner.py"), str(tmp_path / "bundle"),
+                           str(tmp_path / "artifact"), str(tmp_path / "inputs.npz"), str(tmp_path / "outputs.npz")],
+                          capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    outputs = np.load(tmp_path / "outputs.npz")
+    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    for name, x in inputs.items():
+        np.testing.assert_allclose(outputs[name], session.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5,
+                                   err_msg=str(x.shape))
+
+
 def test_an_encrypted_aarch64_bundle_runs_under_qemu(model, want, arm64_root, tmp_path):
     """An encrypted raspberry-pi/5 artifact: the bundle carries its key and cryptography's aarch64 wheel (pinned),
     and Debian's arm64 Python decrypts and runs it with the password from FORGE_PASSWORD."""

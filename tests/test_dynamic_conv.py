@@ -1,10 +1,15 @@
-"""Convolutions over a dynamic height and width (forge_core/schedules/dynamic_conv.py).
+"""Convolutions over a dynamic height and width (forge_core/schedules/dynamic_conv.py, and the dynamic path of
+forge_core/schedules/conv_transpose.py).
 
 Against their unscheduled form, at sizes that take each path: rows of whole tiles, rows whose last tile is
 clamped to the row's end (overlapping the tile before), rows narrower than a tile (the guarded loop), a 1x1 map;
 with and without an epilogue, strided, 1x1 and 3x3, odd channel counts; verification mode checks them at bound
-sizes. A depthwise or grouped convolution is not this rule's. End to end, a detector exported with a dynamic batch,
-height and width against onnxruntime.
+sizes. The same for depthwise and grouped convolutions (DynamicGroupedConv2dNCHW: channel multipliers, 5x5,
+stride 2) and transposed convolutions (ConvTransposeNCHW's gather: kernel equal to the stride, overlapping
+kernels with padding and output padding, groups, 1D), and max and average pooling (DynamicWindowPoolNCX, 1D and
+2D, padded or not, ceil mode, padding excluded from the average). End to end, a detector exported with a dynamic batch,
+height and width against onnxruntime; the detector of test_dynamic_shapes.py (a depthwise and a transposed
+convolution) runs the same rules at every opt_level there and in test_shape_buckets.py.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import warnings
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from tvm import relax, tirx
 
 from forge_core.schedules.apply import RULE_ATTR, apply_rules, default_rules
@@ -79,12 +85,144 @@ def test_the_last_tile_of_a_row_is_clamped_and_unguarded():
     assert "T.where(" in script  # only in the guarded form for rows narrower than a tile
 
 
-def test_a_depthwise_convolution_is_not_this_rules():
-    assert str(_schedule(_conv(16, 16, 3, 1, True, groups=16)).attrs[RULE_ATTR]) != "DynamicConv2dNCHW"
+def test_the_clamped_loop_has_its_own_accumulators():
+    """Shared with the guarded loop, the tile's accumulators were allocated above both, sized by the dynamic row:
+    kept in memory, a store after every multiply-add (twice the static kernel's time in a model)."""
+    scheduled = _schedule(_conv(16, 32, 3, 1, True))
+    local = [b for b in scheduled.body.block.alloc_buffers if str(b.ty.storage_scope) == "local"]
+    assert len(local) == 2
+    (branch,) = _branches(scheduled)
+    for buffers in (branch.then_case, branch.else_case):
+        assert sum(_mentions(buffers, b) for b in local) == 1
 
 
-def test_verification_mode_checks_it_at_bound_sizes():
-    before = tvm.IRModule({"main": _conv(16, 32, 3, 1, True)})
+def _branches(func: tirx.PrimFunc) -> list:
+    found = []
+    tvm_ffi.structural_walk(func.body, (tirx.IfThenElse, found.append), order="pre")
+    return found
+
+
+def _mentions(tree, buffer) -> bool:
+    def stop(node):  # noqa: ANN001, ANN202
+        return tvm_ffi.VisitInterrupt(node) if node.same_as(buffer) else None
+
+    return tvm_ffi.structural_walk(tree, (tvm.ir.expr.Var, stop), order="pre") is not None
+
+
+GROUPED = {
+    # name: (channels, multiplier, kernel, stride, epilogue, groups (None: depthwise))
+    "3x3-clip": (16, 1, 3, 1, True, None),
+    "3x3-stride-2": (8, 1, 3, 2, True, None),
+    "5x5-no-epilogue": (12, 1, 5, 1, False, None),
+    "5x5-stride-2": (12, 1, 5, 2, True, None),
+    "multiplier-2": (8, 2, 3, 1, True, None),
+    "grouped-4": (16, 1, 3, 1, True, 4),
+}
+
+
+@pytest.mark.parametrize("case", list(GROUPED))
+def test_a_depthwise_or_grouped_convolution_over_a_dynamic_size_computes_its_unscheduled_values(case):
+    channels, multiplier, kernel, stride, epilogue, groups = GROUPED[case]
+    func = _conv(channels, channels * multiplier, kernel, stride, epilogue, groups=groups or channels,
+                 dynamic_batch=True)
+    scheduled = _schedule(func)
+    assert str(scheduled.attrs[RULE_ATTR]) == "DynamicGroupedConv2dNCHW"
+    _check_sizes(func, scheduled, ("batch", "height", "width"),
+                 [(1, 24, 24), (2, 13, 17), (1, 5, 3), (1, 1, 1), (1, 2, 40)], len(case))
+
+
+def _transpose(c_in: int, c_out: int, kernel: int, stride: int, padding: int, output_padding: int,
+               groups: int = 1, epilogue: bool = True, rank: int = 2) -> tirx.PrimFunc:
+    batch = tirx.Var("batch", "int64")
+    sizes = [tirx.Var(name, "int64") for name in ("height", "width")[2 - rank:]]
+    x = relax.Var("x", relax.TensorType([batch, c_in, *sizes], "float32"))
+    w = relax.Var("w", relax.TensorType([c_in, c_out // groups] + [kernel] * rank, "float32"))
+    b = relax.Var("b", relax.TensorType([1, c_out] + [1] * rank, "float32"))
+    op = relax.op.nn.conv2d_transpose if rank == 2 else relax.op.nn.conv1d_transpose
+
+    def build(bb, x, w, b=None):  # noqa: ANN001, ANN202
+        y = op(x, w, strides=stride, padding=padding, output_padding=output_padding, groups=groups)
+        return relax.op.nn.relu(relax.op.add(bb.emit(y), b)) if epilogue else y
+
+    return _fused([x, w, b] if epilogue else [x, w], build)
+
+
+TRANSPOSES = {
+    # name: (c_in, c_out, kernel, stride, padding, output_padding, groups, epilogue)
+    "2x2-stride-2": (24, 24, 2, 2, 0, 0, 1, True),  # DBNet's heads: one tap a phase, no padded input
+    "to-one-channel": (24, 1, 2, 2, 0, 0, 1, False),
+    "3x3-stride-2-output-padding": (16, 8, 3, 2, 1, 1, 1, True),
+    "4x4-stride-2": (16, 8, 4, 2, 1, 0, 1, False),
+    "3x3-stride-1": (8, 12, 3, 1, 1, 0, 1, True),
+    "grouped": (16, 16, 4, 4, 0, 0, 2, True),
+    "5x5-stride-3": (6, 10, 5, 3, 2, 2, 1, True),
+}
+
+
+@pytest.mark.parametrize("case", list(TRANSPOSES))
+def test_a_transposed_convolution_over_a_dynamic_size_computes_its_unscheduled_values(case):
+    func = _transpose(*TRANSPOSES[case])
+    scheduled = _schedule(func)
+    assert str(scheduled.attrs[RULE_ATTR]) == "ConvTransposeNCHW"
+    assert "x_start" in scheduled.script()  # the clamped tile
+    _check_sizes(func, scheduled, ("batch", "height", "width"),
+                 [(1, 12, 12), (2, 7, 9), (1, 1, 1), (1, 3, 20)], len(case))
+
+
+POOLS = {
+    # name: (kind, window, stride, padding, rank, ceil_mode, count_include_pad, epilogue)
+    "max-2x2-stride-2": ("max", 2, 2, 0, 2, False, True, False),  # no padded input; the stride folds into x0
+    "max-3x3-stride-2-padded": ("max", 3, 2, 1, 2, False, True, False),
+    "avg-3x3-padded": ("avg", 3, 1, 1, 2, False, True, False),
+    "avg-excluding-padding": ("avg", 3, 1, 1, 2, False, False, False),
+    "max-ceil-mode": ("max", 2, 2, 0, 2, True, True, False),
+    "max-relu": ("max", 3, 1, 1, 2, False, True, True),
+    "max-1d": ("max", 3, 2, 1, 1, False, True, False),
+    "avg-1d": ("avg", 2, 2, 0, 1, False, True, False),
+}
+
+
+def _pool(kind: str, window: int, stride: int, padding: int, rank: int, ceil: bool, include_pad: bool,
+          epilogue: bool) -> tirx.PrimFunc:
+    batch = tirx.Var("batch", "int64")
+    sizes = [tirx.Var(name, "int64") for name in ("height", "width")[2 - rank:]]
+    x = relax.Var("x", relax.TensorType([batch, 8, *sizes], "float32"))
+    ops = {(2, "max"): relax.op.nn.max_pool2d, (2, "avg"): relax.op.nn.avg_pool2d,
+           (1, "max"): relax.op.nn.max_pool1d, (1, "avg"): relax.op.nn.avg_pool1d}
+
+    def build(bb, x):  # noqa: ANN001, ANN202
+        extra = {} if kind == "max" else {"count_include_pad": include_pad}
+        y = ops[rank, kind](x, pool_size=window, strides=stride, padding=padding, ceil_mode=ceil, **extra)
+        return relax.op.nn.relu(bb.emit(y)) if epilogue else y
+
+    return _fused([x], build)
+
+
+@pytest.mark.parametrize("case", list(POOLS))
+def test_pooling_over_a_dynamic_size_computes_its_unscheduled_values(case):
+    func = _pool(*POOLS[case])
+    scheduled = _schedule(func)
+    assert str(scheduled.attrs[RULE_ATTR]) == "DynamicWindowPoolNCX"
+    if POOLS[case][4] == 2:
+        _check_sizes(func, scheduled, ("batch", "height", "width"), [(1, 12, 12), (2, 7, 9), (1, 2, 3), (1, 5, 33)],
+                     len(case))
+    else:
+        _check_sizes(func, scheduled, ("batch", "width"), [(1, 12), (2, 9), (1, 2), (1, 33)], len(case))
+
+
+def test_a_1d_transposed_convolution_over_a_dynamic_length():
+    func = _transpose(16, 16, 4, 2, 1, 0, rank=1)
+    scheduled = _schedule(func)
+    assert str(scheduled.attrs[RULE_ATTR]) == "ConvTransposeNCHW"
+    _check_sizes(func, scheduled, ("batch", "width"), [(1, 7), (2, 1), (1, 40)], 1)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: _conv(16, 32, 3, 1, True), lambda: _conv(16, 16, 3, 2, True, groups=16),
+    lambda: _transpose(24, 24, 2, 2, 0, 0), lambda: _pool(*POOLS["max-3x3-stride-2-padded"])],
+    ids=["conv", "depthwise", "transposed", "pool"])
+def test_verification_mode_checks_it_at_bound_sizes(make):
+    before = tvm.IRModule({"main": make()})
     after = apply_rules(before, TARGET, default_rules())
     report = verify_schedules(before, after, TARGET, "default")
     assert report.verified == ["main"] and not report.skipped

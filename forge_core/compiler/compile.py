@@ -109,22 +109,23 @@ def _exporter_failed(exporter: Any, exc: BaseException) -> CompilationError:
 
 
 def _note_generic_kernels(inputs: Sequence[TensorSpec]) -> None:
-    """Say, once per compile, that a model with dynamic dims other than its batch gets untiled kernels (slower).
+    """Say, once per compile, that a model with dynamic dims other than its batch gets slower kernels.
 
     Kernels whose only dynamic dim is the batch are scheduled per batch item at
     static speed (``schedules/batch_loop.py``), those whose rows are computed
     each alone per block of rows (``schedules/row_blocks.py``: a transformer's
     dense layers over batch and sequence), attention and softmax over a
-    dynamic sequence and convolutions (groups=1) over a dynamic height and
-    width by their dynamic rules; the others are not tiled.
+    dynamic sequence, and convolutions (plain, depthwise, grouped and
+    transposed) and pooling windows over a dynamic height and width by their
+    dynamic rules, at 1-3x a static kernel's time.
     """
     dynamic = [spec for spec in inputs if spec.shape is not None and DYNAMIC_DIM in spec.shape[1:]]
     if not dynamic:
         return
     logger.warning(
-        "%s: the artifact runs at any size, but of the kernels over dynamic dims other than the batch, depthwise, "
-        "grouped and transposed convolutions and pooling over a dynamic height or width are not tiled and run "
-        "several times slower than a static model's (dense layers, attention and convolutions are tiled). "
+        "%s: the artifact runs at any size, but its kernels over dynamic dims other than the batch run slower "
+        "than a static model's (convolutions, pooling, dense layers and attention are tiled for any size, at up "
+        "to a few times the static kernel's time). "
         "For full speed at the sizes you run, name them with "
         "shape_buckets=[{input: shape}, ...] (forge compile --shape-bucket), or fix the shape at import (shape=...).",
         "; ".join(f"input {spec.name!r} has dynamic dims {format_shape(spec.shape, spec.dims)}" for spec in dynamic))

@@ -23,6 +23,9 @@ Rules, most specific first:
   16 output pixels by one vector of output channels (1x1 kernels and rows of
   at most 7 pixels: up to 14 pixels by two vectors); fused epilogues (bias,
   residual add, relu, clip) write each tile back.
+* :class:`DynamicConv2dNCHW` and :class:`DynamicGroupedConv2dNCHW`: the same
+  tiles over a dynamic height and width, the last tile of a row clamped to
+  the row's end (:mod:`forge_core.schedules.dynamic_conv`).
 * :class:`FlatDepthwiseNCHW`: a quantized module's stride-1 depthwise
   convolutions with a requantizing epilogue on rows that are not whole
   vectors (7, 14, 28, 56 pixels): convolution and epilogue computed in
@@ -34,13 +37,15 @@ Rules, most specific first:
   input directly.
 * :class:`ConvTransposeNCHW`: transposed convolutions (1D, 2D, any groups),
   rebuilt as a gather split by output phase (TOPI multiplies a zero-inserted
-  input: ``s**2`` times the work), tiled by pixels or by channels.
+  input: ``s**2`` times the work), tiled by pixels or by channels; over a
+  dynamic size, by channels with the clamped last tile.
 * :class:`ConvNCX` and :class:`GroupedConvNCX`: conv1d and conv3d (groups=1:
   Conv2dNCHW's tile, also across images for short rows, output channels padded
   to whole vectors when none divides them; grouped and depthwise: rows
   vectorized in registers).
 * :class:`WindowPoolNCX`: max and average pooling in 1 to 3 dimensions,
-  parallel over channel planes, rows vectorized.
+  parallel over channel planes, rows vectorized; :class:`DynamicWindowPoolNCX`
+  over a dynamic size (1D and 2D), the last tile of a row clamped.
 * :class:`Matmul`: dense, matmul and batch matmul; register tile of up to 8
   rows by several vectors of columns, constant right-hand sides repacked.
 * :class:`WholeTensorReduction`: a softmax or normalization over a single

@@ -18,14 +18,14 @@ from forge_core.schedules.conv2d import PREPACK, Conv2dNCHW
 from forge_core.schedules.conv_nd import ConvNCX, GroupedConvNCX
 from forge_core.schedules.conv_transpose import ConvTransposeNCHW
 from forge_core.schedules.depthwise_flat import FlatDepthwiseNCHW
-from forge_core.schedules.dynamic_conv import DynamicConv2dNCHW
+from forge_core.schedules.dynamic_conv import DynamicConv2dNCHW, DynamicGroupedConv2dNCHW
 from forge_core.schedules.elementwise import Elementwise, Generic
 from forge_core.schedules.grouped_conv2d import GroupedConv2dNCHW
 from forge_core.schedules.int8 import Int8Conv2dNCHW, Int8Matmul, Int8PointwiseConv2dNCHW
 from forge_core.schedules.matmul import DynamicMatmul, Matmul
 from forge_core.schedules.plane_reduction import PlaneReduction
 from forge_core.schedules.pointwise_conv2d import PointwiseConv2dNCHW
-from forge_core.schedules.pool import WindowPoolNCX
+from forge_core.schedules.pool import DynamicWindowPoolNCX, WindowPoolNCX
 from forge_core.schedules.reduction import DynamicRowReduction, ScalarReduction, WholeTensorReduction
 from forge_core.schedules.row_blocks import per_row_block, row_prefix
 
@@ -39,8 +39,9 @@ FALLBACK_RULES = ("Generic",)
 def default_rules() -> list[dlight.ScheduleRule]:
     """Forge's CPU rules, most specific first."""
     return [Int8PointwiseConv2dNCHW(), Int8Conv2dNCHW(), Int8Matmul(), PointwiseConv2dNCHW(), Conv2dNCHW(),
-            DynamicConv2dNCHW(), FlatDepthwiseNCHW(), GroupedConv2dNCHW(), ConvTransposeNCHW(), ConvNCX(),
-            GroupedConvNCX(), WindowPoolNCX(), Matmul(), DynamicMatmul(), WholeTensorReduction(), PlaneReduction(),
+            DynamicConv2dNCHW(), FlatDepthwiseNCHW(), GroupedConv2dNCHW(), DynamicGroupedConv2dNCHW(),
+            ConvTransposeNCHW(), ConvNCX(), GroupedConvNCX(), WindowPoolNCX(), DynamicWindowPoolNCX(), Matmul(),
+            DynamicMatmul(), WholeTensorReduction(), PlaneReduction(),
             ScalarReduction(), DynamicRowReduction(), dlight.cpu.Reduction(), Elementwise(), Generic()]
 
 

@@ -88,17 +88,18 @@ def producer(sch: s_tir.Schedule, main: s_tir.SBlockRV, buffer: tirx.Buffer) -> 
     return None
 
 
-def sole_block(func: tirx.PrimFunc, prefixes: str | tuple[str, ...],
-               kinds: str) -> tuple[s_tir.Schedule, s_tir.SBlockRV] | None:
+def sole_block(func: tirx.PrimFunc, prefixes: str | tuple[str, ...], kinds: str, *,
+               dynamic: bool = False) -> tuple[s_tir.Schedule, s_tir.SBlockRV] | None:
     """A schedule of a static ``func`` and its one top-level block named ``prefixes``* with iterators ``kinds``.
 
-    None when ``func`` is not a static PrimFunc or has no such block, or several.
+    None when ``func`` is not a static PrimFunc or has no such block, or several. With ``dynamic``, the
+    other way round: ``func`` must have a symbolic extent.
     """
     if not isinstance(func, tirx.PrimFunc):
         return None
     outline = _outline(func)
     found = [i for i, (name, its) in enumerate(outline.blocks) if name.startswith(prefixes) and its == kinds]
-    if not outline.static or len(found) != 1:
+    if outline.static == dynamic or len(found) != 1:
         return None
     sch = s_tir.Schedule(func)
     return sch, blocks(sch)[found[0]]

@@ -72,10 +72,15 @@ class Conv2dNCHW(dlight.ScheduleRule):
 
 
 def tile_convolution(sch: s_tir.Schedule, conv: s_tir.SBlockRV, vec: int, tile_x: int,
-                     unit: VectorUnit) -> s_tir.LoopRV:
+                     unit: VectorUnit, *, rows_only: bool = False) -> s_tir.LoopRV:
     """``conv`` as a register tile of ``tile_x`` pixels of a row x ``vec`` output channels, the weights repacked
     to ``[F/vec, C, KH, KW, vec]``, the epilogue written per tile, the rows in parallel; returns the loop over
-    a row's tiles. The padding stage is the caller's."""
+    a row's tiles. The padding stage is the caller's.
+
+    The parallel loop is ``(image, channel block, row)`` fused, or with ``rows_only`` the rows alone (one
+    parallel loop per image and channel block). Over a dynamic batch and height the fused loop's every index
+    divides by the symbolic row count: its kernels took 2-3x longer to build, for the same speed.
+    """
     stmt = sch.get(conv)
     dtype = str(stmt.writes[0].source.dtype)
     n, f, y, x, rc, ry, rx = sch.get_loops(conv)
@@ -95,7 +100,7 @@ def tile_convolution(sch: s_tir.Schedule, conv: s_tir.SBlockRV, vec: int, tile_x
     sch.reverse_compute_at(writer, x_outer)
     if tile_x >= 4:
         sch.vectorize(sch.get_loops(writer)[-1])
-    sch.parallel(sch.fuse(n, f_outer, y))
+    sch.parallel(y if rows_only else sch.fuse(n, f_outer, y))
     if unit.registers <= 16 and vec > 1:
         vectorize_by_registers(sch, f_inner, unit.lanes(dtype))
     elif vec > 1:

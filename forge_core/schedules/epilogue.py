@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tvm import s_tir, tirx
+from tvm.sym import Analyzer
 
 from forge_core.schedules.blocks import blocks, extent, iter_kinds, name_of
 
@@ -79,7 +80,8 @@ def schedule_padding(sch: s_tir.Schedule, lanes: int) -> None:
             continue  # already computed inside a parallel loop
         stmt = sch.get(block)
         source, dest = stmt.reads[0].source, stmt.writes[0].source
-        if [int(v) for v in source.shape] == [int(v) for v in dest.shape]:
+        if len(source.shape) == len(dest.shape) and all(
+                Analyzer().can_prove_equal(a, b) for a, b in zip(source.shape, dest.shape)):
             sch.compute_inline(block)  # zero padding: a copy
         else:
             parallel_vectorized(sch, block, lanes)

@@ -29,9 +29,9 @@ Expr = tvm.ir.expr.Expr
 BufferVar = tvm.ir.expr.Var
 
 
-def const(value: int) -> tirx.IntImm:
-    """An index constant (legalized functions index in int64)."""
-    return tirx.IntImm("int64", value)
+def const(value: int | Expr) -> Expr:
+    """An index constant (legalized functions index in int64); an expression (a dynamic extent) as it is."""
+    return tirx.IntImm("int64", value) if isinstance(value, int) else value
 
 
 def shape_of(buffer: BufferVar) -> list[int]:
@@ -39,12 +39,17 @@ def shape_of(buffer: BufferVar) -> list[int]:
     return [int(d) for d in buffer.ty.shape]
 
 
+def dims_of(buffer: BufferVar) -> list[int | Expr]:
+    """A buffer's shape: ints where static, the expressions of its dynamic dims (``height * 2``) otherwise."""
+    return [int(d) if isinstance(d, tirx.IntImm) else d for d in buffer.ty.shape]
+
+
 def dtype_of(buffer: BufferVar) -> str:
     """A buffer's element type."""
     return str(buffer.ty.dtype)
 
 
-def alloc(name: str, shape: Sequence[int], dtype: str) -> BufferVar:
+def alloc(name: str, shape: Sequence[int | Expr], dtype: str) -> BufferVar:
     """A new intermediate buffer, to list in :func:`replace_stages`'s ``allocs``."""
     return tirx.decl_buffer([const(d) for d in shape], dtype, name)
 
@@ -116,7 +121,7 @@ def stage(name: str, out: BufferVar, value: Callable[..., Expr], inputs: Sequenc
     loops is computed over all of it (not over the bounding box of the
     elements read).
     """
-    spatial_extents = shape_of(out)
+    spatial_extents = dims_of(out)
     extents = spatial_extents + list(reduce)
     block_vars = [tirx.Var(f"v{i}", "int64") for i in range(len(extents))]
     loop_vars = [tirx.Var(f"i{i}", "int64") for i in range(len(extents))]

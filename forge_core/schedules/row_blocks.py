@@ -217,10 +217,16 @@ def bind_rows(func: tirx.PrimFunc, sizes: dict[str, int]) -> dict[object, object
     that is an expression of them evaluated), for ``func.specialize``."""
     analyzer = Analyzer()
     bound = {}
+    plain = {str(d.name) for param in func.params for d in list(getattr(param.ty, "shape", None) or ())
+             if isinstance(d, tirx.Var)}
     for param in func.params:
         dims = list(getattr(param.ty, "shape", None) or ())
         if not dims or _is_static(dims):
             continue
+        if any(not isinstance(d, (tirx.Var, tirx.IntImm)) for d in dims) \
+                and all(str(v.name) in plain for d in dims for v in _symbolic_vars(d)):
+            continue  # a dim computed from others (a strided output's): TVM's specialize binds only variables,
+            # and rewrites this buffer's shape from the others' bindings
         values = [(v, tirx.IntImm(str(v.ty), sizes[str(v.name)])) for d in dims for v in _symbolic_vars(d)]
         static = [analyzer.simplify(substitute(d, values)) if values else d for d in dims]
         bound[param] = tirx.decl_buffer(static, str(param.ty.dtype), str(param.name))

@@ -434,8 +434,10 @@ def verified_rows(names: list[str]) -> list[dict[str, int]]:
     return [over, under]
 
 
-DYNAMIC_RULES = ("DynamicConv2dNCHW", "DynamicMatmul", "DynamicRowReduction")
-"""Rules that schedule a function over its symbolic dims: verified with every dim bound to each of
+DYNAMIC_RULES = ("DynamicConv2dNCHW", "DynamicGroupedConv2dNCHW", "ConvTransposeNCHW", "DynamicWindowPoolNCX",
+                 "DynamicMatmul", "DynamicRowReduction")
+"""Rules that schedule a function over its symbolic dims (ConvTransposeNCHW: where it has some): verified with every
+dim bound to each of
 :data:`VERIFIED_DIMS`: 19, over two vectors and no multiple of one, and over every row tile of a dynamic
 convolution and no multiple of one (its clamped last tile). A row narrower than a tile runs TVM's guarded split,
 checked by the rule's tests (each size verified costs a build of the function: the detector tests' time)."""
@@ -474,7 +476,7 @@ def verify_schedules(before: tvm.IRModule, after: tvm.IRModule, target: tvm.targ
                 for sizes in verified_rows(str(func.attrs[ROW_BLOCKS_ATTR]).split(",")):
                     skipped = skipped or verify_function(name, rule, original.specialize(bind_rows(original, sizes)),
                                                          func.specialize(bind_rows(func, sizes)), target)
-            elif rule in DYNAMIC_RULES:
+            elif rule in DYNAMIC_RULES and dim_names(original):
                 skipped = None
                 for size in VERIFIED_DIMS:
                     sizes = dict.fromkeys(dim_names(original), size)
