@@ -1,6 +1,6 @@
 """A dynamic artifact against the static one and against onnxruntime, at three sizes, in one run.
 
-    .venv/bin/python benchmarks/dynamic_shapes.py [--models mobilenetv2,bert6,dbnet,vad] [--rounds 2]
+    .venv/bin/python benchmarks/dynamic_shapes.py [--models mobilenetv2,resnet50,bert6,dbnet,vad] [--rounds 2]
 
 Each model is exported once by torch with its dims dynamic (``dynamic_axes``), then:
 
@@ -32,12 +32,13 @@ from forge_core.runtime.cpu_features import describe_host
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from models import BertEncoder, DBNet, MobileNetV2, VoiceActivity, randomized  # noqa: E402
+from models import BertEncoder, DBNet, MobileNetV2, ResNet50, VoiceActivity, randomized  # noqa: E402
 from timing_worker import run_in_process  # noqa: E402
 
 # name: (factory, dynamic axes per input, sizes: the first is the static one)
 MODELS = {
     "mobilenetv2": (MobileNetV2, {"x": {0: "batch"}}, [(1, 3, 224, 224), (2, 3, 224, 224), (5, 3, 224, 224)]),
+    "resnet50": (ResNet50, {"x": {0: "batch"}}, [(1, 3, 224, 224), (2, 3, 224, 224), (5, 3, 224, 224)]),
     "bert6": (BertEncoder, {"x": {0: "batch", 1: "sequence"}}, [(1, 128), (1, 64), (3, 7)]),
     "dbnet": (DBNet, {"x": {0: "batch", 2: "height", 3: "width"}},
               [(1, 3, 640, 640), (1, 3, 480, 640), (2, 3, 320, 320)]),
@@ -63,7 +64,7 @@ def _export(model: torch.nn.Module, example: list[np.ndarray], axes: dict) -> by
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="mobilenetv2,bert6,dbnet,vad")
+    parser.add_argument("--models", default="mobilenetv2,resnet50,bert6,dbnet,vad")
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     print(describe_host())

@@ -51,6 +51,37 @@ class MobileNetV2(nn.Module):
         return self.classifier(self.features(image).mean(dim=(2, 3)))
 
 
+class Bottleneck(nn.Module):
+    def __init__(self, cin: int, width: int, stride: int) -> None:
+        super().__init__()
+        cout = 4 * width
+        self.body = nn.Sequential(_conv_bn(cin, width, 1, 1), _conv_bn(width, width, 3, stride),
+                                  _conv_bn(width, cout, 1, 1, act=False))
+        self.shortcut = (nn.Sequential() if stride == 1 and cin == cout
+                         else _conv_bn(cin, cout, 1, stride, act=False))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.body(x) + self.shortcut(x))
+
+
+class ResNet50(nn.Module):
+    """ResNet-50 v1.5 (He et al. 2016; the stride on the 3x3 convolution), 224x224, 1000 classes."""
+
+    def __init__(self, classes: int = 1000) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [_conv_bn(3, 64, 7, 2), nn.MaxPool2d(3, 2, 1)]
+        cin = 64
+        for width, blocks, stride in [(64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)]:
+            for i in range(blocks):
+                layers.append(Bottleneck(cin, width, stride if i == 0 else 1))
+                cin = 4 * width
+        self.features = nn.Sequential(*layers)
+        self.fc = nn.Linear(cin, classes)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.features(image).mean(dim=(2, 3)))
+
+
 class EncoderLayer(nn.Module):
     def __init__(self, hidden: int, heads: int, intermediate: int) -> None:
         super().__init__()
