@@ -152,6 +152,15 @@ def qemu_python(root: Path) -> list[str]:
             str(root / "usr" / "bin" / "python3.11")]
 
 
+def run_under_qemu(root: Path, tmp_path: Path, *args: Path) -> np.lib.npyio.NpzFile:
+    """``tmp_path/runner.py ARGS... tmp_path/outputs.npz`` in Debian's arm64 Python; the outputs it saved."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "TVM_", "FORGE_"))}
+    done = subprocess.run([*qemu_python(root), str(tmp_path / "runner.py"), *map(str, args),
+                           str(tmp_path / "outputs.npz")], capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return np.load(tmp_path / "outputs.npz")
+
+
 @pytest.mark.parametrize("case", ["raspberry-pi/5", "raspberry-pi/4", "raspberry-pi/5-int8"])
 def test_an_aarch64_bundle_runs_under_qemu(case, model, want, arm64_root, tmp_path):
     """Compiled for the board's tag, bundled with the CLI, run by Debian's arm64 Python under qemu: the first
@@ -251,12 +260,8 @@ def test_a_model_with_a_dynamic_height_and_width_runs_at_any_size_under_qemu(arm
               for i, size in enumerate([(1, 3, 32, 48), (2, 3, 20, 12), (1, 3, 4, 44)])}
     np.savez(tmp_path / "inputs.npz", **inputs)
     (tmp_path / "runner.py").write_text(_DYNAMIC_RUNNER)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "TVM_", "FORGE_"))}
-    done = subprocess.run([*qemu_python(arm64_root), str(tmp_path / "runner.py"), str(tmp_path / "bundle"),
-                           str(tmp_path / "artifact"), str(tmp_path / "inputs.npz"), str(tmp_path / "outputs.npz")],
-                          capture_output=True, text=True, env=env, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    outputs = np.load(tmp_path / "outputs.npz")
+    outputs = run_under_qemu(arm64_root, tmp_path, tmp_path / "bundle", tmp_path / "artifact",
+                             tmp_path / "inputs.npz")
     session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     for name, x in inputs.items():
         np.testing.assert_allclose(outputs[name], session.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5,
@@ -304,12 +309,8 @@ def test_every_arm_and_raspberry_pi_tag_compiles_and_every_aarch64_linux_one_run
     (tmp_path / "artifacts.json").write_text(json.dumps(aarch64))
     (tmp_path / "runner.py").write_text(_SWEEP_RUNNER)
     np.save(tmp_path / "x.npy", X)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "TVM_", "FORGE_"))}
-    done = subprocess.run([*qemu_python(arm64_root), str(tmp_path / "runner.py"), str(tmp_path / "bundle"),
-                           str(tmp_path / "x.npy"), str(tmp_path / "artifacts.json"), str(tmp_path / "outputs.npz")],
-                          capture_output=True, text=True, env=env, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    outputs = np.load(tmp_path / "outputs.npz")
+    outputs = run_under_qemu(arm64_root, tmp_path, tmp_path / "bundle", tmp_path / "x.npy",
+                             tmp_path / "artifacts.json")
     assert sorted(outputs.files) == sorted(aarch64)
     for name in outputs.files:
         np.testing.assert_allclose(outputs[name], want, rtol=1e-5, atol=1e-5, err_msg=name)

@@ -196,8 +196,7 @@ def gather_stages(t: Transpose, vec: int, params) -> tuple[list[tirx.Stmt], list
 
     analyzer = Analyzer()
     last_q = [(o - 1 + p) // s for o, p, s in zip(outs, t.pad, t.stride)]
-    padded = [_larger(analyzer, size, analyzer.simplify(q + 1) if not isinstance(q, int) else q + 1) + j - 1
-              for size, q, j in zip(sizes, last_q, taps)]
+    padded = [_larger(analyzer, size, q + 1) + j - 1 for size, q, j in zip(sizes, last_q, taps)]
     source = t.data
     if not all(analyzer.can_prove_equal(a, b) for a, b in zip(padded, sizes)):
         source = alloc("pad_temp", [n, c, *padded], dtype_of(t.data))

@@ -109,21 +109,29 @@ class DynamicGroupedConv2dNCHW(dlight.ScheduleRule):
             return None
         if any(set(iter_kinds(sch, b)) != {"S"} for b in blocks(sch) if not sch.get(b).same_as(stmt)):
             return None
-        width = stmt.iter_vars[3].dom.extent
         lanes = vector_unit(target).lanes(str(stmt.writes[0].source.dtype))
-        tile_x = lanes
-        epilogue = split_epilogue(sch, conv)
-        x_outer, x_inner = sch.split(x, [None, tile_x])
-        sch.reorder(n, c, y, x_outer, rc, ry, rx, x_inner)
-        writer = attach_epilogue(sch, conv, epilogue)
-        sch.reverse_compute_at(writer, x_outer)
-        sch.vectorize(sch.get_loops(writer)[-1])
-        sch.parallel(sch.fuse(n, c))
-        sch.vectorize(x_inner)
-        sch.decompose_reduction(conv, rc)
-        schedule_padding(sch, lanes)
-        clamped = clamp_last_tile(sch.mod["main"], sch.get(x_outer), tile_x, width)
-        return None if clamped is None else s_tir.Schedule(clamped)
+        return tile_planes_clamped(sch, conv, n, c, [y], x, [rc, ry, rx], lanes)
+
+
+def tile_planes_clamped(sch: s_tir.Schedule, block: s_tir.SBlockRV, n: s_tir.LoopRV, c: s_tir.LoopRV,
+                        rows: list[s_tir.LoopRV], x: s_tir.LoopRV, window: list[s_tir.LoopRV],
+                        lanes: int) -> s_tir.Schedule | None:
+    """A per-plane block (depthwise convolution, pooling) over a dynamic row: (image, channel) planes in
+    parallel, a tile of one vector of a row's outputs with its epilogue, the last tile of a row clamped to the
+    row's end; the padded input its own parallel stage. None when the tile cannot be clamped."""
+    width = sch.get(block).iter_vars[2 + len(rows)].dom.extent
+    epilogue = split_epilogue(sch, block)
+    x_outer, x_inner = sch.split(x, [None, lanes])
+    sch.reorder(n, c, *rows, x_outer, *window, x_inner)
+    writer = attach_epilogue(sch, block, epilogue)
+    sch.reverse_compute_at(writer, x_outer)
+    sch.vectorize(sch.get_loops(writer)[-1])
+    sch.parallel(sch.fuse(n, c))
+    sch.vectorize(x_inner)
+    sch.decompose_reduction(block, window[0])
+    schedule_padding(sch, lanes)
+    clamped = clamp_last_tile(sch.mod["main"], sch.get(x_outer), lanes, width)
+    return None if clamped is None else s_tir.Schedule(clamped)
 
 
 def clamp_last_tile(func: tirx.PrimFunc, loop: tirx.For, tile: int, width: tirx.PrimExpr) -> tirx.PrimFunc | None:

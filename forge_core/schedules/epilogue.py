@@ -80,8 +80,9 @@ def schedule_padding(sch: s_tir.Schedule, lanes: int) -> None:
             continue  # already computed inside a parallel loop
         stmt = sch.get(block)
         source, dest = stmt.reads[0].source, stmt.writes[0].source
+        analyzer = Analyzer()
         if len(source.shape) == len(dest.shape) and all(
-                Analyzer().can_prove_equal(a, b) for a, b in zip(source.shape, dest.shape)):
+                analyzer.can_prove_equal(a, b) for a, b in zip(source.shape, dest.shape)):
             sch.compute_inline(block)  # zero padding: a copy
         else:
             parallel_vectorized(sch, block, lanes)

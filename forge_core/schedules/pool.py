@@ -22,9 +22,9 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight
 
-from forge_core.schedules.blocks import (blocks, extent, is_static, iter_kinds, name_of, plane_loops, sole_block,
-                                        vector_unit, x_stride)
-from forge_core.schedules.dynamic_conv import clamp_last_tile
+from forge_core.schedules.blocks import (blocks, extent, iter_kinds, name_of, plane_loops, sole_block, vector_unit,
+                                        x_stride)
+from forge_core.schedules.dynamic_conv import tile_planes_clamped
 from forge_core.schedules.epilogue import attach_epilogue, schedule_padding, split_epilogue
 from forge_core.schedules.grouped_conv2d import MAX_ROW_TILE, deinterleave
 
@@ -79,8 +79,6 @@ class DynamicWindowPoolNCX(dlight.ScheduleRule):
     padded input is its own parallel stage. On TVM's plain loops such a pool was not vectorized."""
 
     def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:  # type: ignore[override]
-        if not isinstance(func, tirx.PrimFunc) or is_static(func):
-            return None
         for rank in (2, 1):
             found = sole_block(func, ("pool_max", "pool_sum"), "S" * (2 + rank) + "R" * rank, dynamic=True)
             if found is not None:
@@ -96,18 +94,5 @@ class DynamicWindowPoolNCX(dlight.ScheduleRule):
             return None
         if any(set(iter_kinds(sch, b)) != {"S"} for b in blocks(sch) if not sch.get(b).same_as(stmt)):
             return None
-        width = stmt.iter_vars[1 + rank].dom.extent
         lanes = vector_unit(target).lanes(str(stmt.writes[0].source.dtype))
-        tile_x = lanes
-        epilogue = split_epilogue(sch, pool)
-        x_outer, x_inner = sch.split(spatial[-1], [None, tile_x])
-        sch.reorder(n, c, *spatial[:-1], x_outer, *window, x_inner)
-        writer = attach_epilogue(sch, pool, epilogue)
-        sch.reverse_compute_at(writer, x_outer)
-        sch.vectorize(sch.get_loops(writer)[-1])
-        sch.parallel(sch.fuse(n, c))
-        sch.vectorize(x_inner)
-        sch.decompose_reduction(pool, window[0])
-        schedule_padding(sch, lanes)
-        clamped = clamp_last_tile(sch.mod["main"], sch.get(x_outer), tile_x, width)
-        return None if clamped is None else s_tir.Schedule(clamped)
+        return tile_planes_clamped(sch, pool, n, c, spatial[:-1], spatial[-1], window, lanes)
