@@ -33,19 +33,23 @@ TARGET = runnable_here(tvm.target.Target.from_device(tvm.cpu()))
 SIZES = [(24, 24), (13, 17), (5, 3), (1, 1), (2, 40)]
 
 
-def _conv(c_in: int, c_out: int, kernel: int, stride: int, epilogue: bool, groups: int = 1,
+def _conv(c_in: int, c_out: int, kernel: int, stride: int, epilogue: bool | str, groups: int = 1,
           dynamic_batch: bool = False) -> tirx.PrimFunc:
+    """``epilogue``: False, True (bias and clip) or "residual" (bias, a residual add, relu; stride 1)."""
     height, width = tirx.Var("height", "int64"), tirx.Var("width", "int64")
     batch = tirx.Var("batch", "int64") if dynamic_batch else 1
     x = relax.Var("x", relax.TensorType([batch, c_in, height, width], "float32"))
     w = relax.Var("w", relax.TensorType([c_out, c_in // groups, kernel, kernel], "float32"))
     b = relax.Var("b", relax.TensorType([1, c_out, 1, 1], "float32"))
+    r = relax.Var("r", relax.TensorType([batch, c_out, height, width], "float32"))
 
-    def build(bb, x, w, b=None):  # noqa: ANN001, ANN202
+    def build(bb, x, w, b=None, r=None):  # noqa: ANN001, ANN202
         y = relax.op.nn.conv2d(x, w, strides=stride, padding=kernel // 2, groups=groups)
+        if epilogue == "residual":
+            return relax.op.nn.relu(relax.op.add(relax.op.add(y, b), r))
         return relax.op.clip(relax.op.add(y, b), 0.0, 6.0) if epilogue else y
 
-    return _fused([x, w, b] if epilogue else [x, w], build)
+    return _fused([x, w, b, r] if epilogue == "residual" else [x, w, b] if epilogue else [x, w], build)
 
 
 def _schedule(func: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -59,6 +63,7 @@ CONVS = {
     "3x3-stride-2": (8, 24, 3, 2, True),
     "1x1": (32, 16, 1, 1, True),
     "odd-channels": (5, 7, 3, 1, True),  # no whole vector of output channels
+    "residual": (16, 24, 3, 1, "residual"),
 }
 
 
@@ -117,6 +122,7 @@ GROUPED = {
     "5x5-stride-2": (12, 1, 5, 2, True, None),
     "multiplier-2": (8, 2, 3, 1, True, None),
     "grouped-4": (16, 1, 3, 1, True, 4),
+    "residual": (16, 1, 3, 1, "residual", None),
 }
 
 
