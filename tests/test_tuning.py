@@ -135,6 +135,8 @@ def test_tvms_x86_intrinsics_the_search_tensorizes_with_are_exact_on_full_range_
     """MetaSchedule's x86 design spaces tensorize uint8 x int8 blocks with TVM's ``dot_16x4_vnni`` (which LLVM
     22 rejects) and ``dot_16x4_avx512`` (``pmaddubsw``, which saturates): within the search, and when records are
     applied, both names compute exactly. Run where this CPU has AVX-512 VNNI."""
+    import tvm
+
     kernel = _tensorized_dot(intrinsic, mcpu)
     rng = np.random.default_rng(0)
     a = np.full((8, 64), 255, np.uint8)  # pmaddubsw's worst case: 255 * 127 + 255 * 127 > 32767
