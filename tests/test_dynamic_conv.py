@@ -4,7 +4,8 @@ forge_core/schedules/conv_transpose.py).
 Against their unscheduled form, at sizes that take each path: rows of whole tiles, rows whose last tile is
 clamped to the row's end (overlapping the tile before), rows narrower than a tile (the guarded loop), a 1x1 map;
 with and without an epilogue, strided, 1x1 and 3x3, odd channel counts; verification mode checks them at bound
-sizes. The same for depthwise and grouped convolutions (DynamicGroupedConv2dNCHW: channel multipliers, 5x5,
+sizes. 1x1 convolutions of stride 1 (DynamicPointwiseConv2dNCHW) tile the fused pixel axis, on the host's vector
+unit and on AVX2's. The same for depthwise and grouped convolutions (DynamicGroupedConv2dNCHW: channel multipliers, 5x5,
 stride 2) and transposed convolutions (ConvTransposeNCHW's gather: kernel equal to the stride, overlapping
 kernels with padding and output padding, groups, 1D), and max and average pooling (DynamicWindowPoolNCX, 1D and
 2D, padded or not, ceil mode, padding excluded from the average). End to end, a detector exported with a dynamic batch,
@@ -52,8 +53,8 @@ def _conv(c_in: int, c_out: int, kernel: int, stride: int, epilogue: bool | str,
     return _fused([x, w, b, r] if epilogue == "residual" else [x, w, b] if epilogue else [x, w], build)
 
 
-def _schedule(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    return apply_rules(tvm.IRModule({"main": func}), TARGET, default_rules())["main"]
+def _schedule(func: tirx.PrimFunc, target: tvm.target.Target = TARGET) -> tirx.PrimFunc:
+    return apply_rules(tvm.IRModule({"main": func}), target, default_rules())["main"]
 
 
 CONVS = {
@@ -61,7 +62,7 @@ CONVS = {
     "3x3-bias-clip": (16, 32, 3, 1, True),
     "3x3-no-epilogue": (8, 16, 3, 1, False),
     "3x3-stride-2": (8, 24, 3, 2, True),
-    "1x1": (32, 16, 1, 1, True),
+    "1x1-stride-2": (32, 16, 1, 2, True),
     "odd-channels": (5, 7, 3, 1, True),  # no whole vector of output channels
     "residual": (16, 24, 3, 1, "residual"),
 }
@@ -81,6 +82,35 @@ def test_a_dynamic_batch_height_and_width_compute_the_unscheduled_values(case):
     scheduled = _schedule(func)
     assert str(scheduled.attrs[RULE_ATTR]) == "DynamicConv2dNCHW"
     _check_sizes(func, scheduled, ("batch", "height", "width"), [(3, 13, 17), (2, 5, 3), (1, 24, 24)], 3)
+
+
+POINTWISE = {
+    # name: (c_in, c_out, epilogue, dynamic batch). Tiles: 8 channels x 3 vectors (AVX-512); on AVX2 6 x 2
+    # (24 channels) or 4 x 3 (16, 12 channels).
+    "bias-clip": (32, 16, True, False),
+    "no-epilogue": (8, 24, False, True),
+    "residual": (16, 24, "residual", False),
+    "odd-input-channels": (7, 12, True, True),
+}
+# The host's vector unit, and AVX2's (16 registers, 8 lanes), whose code runs on any x86-64 CPU since Haswell.
+UNITS = {"host": TARGET, "avx2": tvm.target.Target({"kind": "llvm", "mcpu": "x86-64-v3"})}
+
+
+@pytest.mark.parametrize("unit", list(UNITS))
+@pytest.mark.parametrize("case", list(POINTWISE))
+def test_a_1x1_convolution_over_a_dynamic_size_tiles_vectors_of_pixels_with_its_unscheduled_values(case, unit):
+    """The fused pixel axis (H * W) tiled by channels x pixel vectors, its last tile clamped to the map's end;
+    maps of fewer pixels than a tile (1x1, 5x3) take the guarded loop."""
+    if not runnable_here(UNITS[unit]).same_as(UNITS[unit]):
+        pytest.skip("AVX2 code runs on an x86-64 CPU with AVX2 (this host has none)")
+    c_in, c_out, epilogue, dynamic_batch = POINTWISE[case]
+    func = _conv(c_in, c_out, 1, 1, epilogue, dynamic_batch=dynamic_batch)
+    scheduled = _schedule(func, UNITS[unit])
+    assert str(scheduled.attrs[RULE_ATTR]) == "DynamicPointwiseConv2dNCHW"
+    assert "x_start" in scheduled.script()  # the clamped tile start
+    names = ("batch", "height", "width") if dynamic_batch else ("height", "width")
+    sizes = [(2, *size) if dynamic_batch else size for size in SIZES]
+    _check_sizes(func, scheduled, names, sizes, len(case), UNITS[unit])
 
 
 def test_the_last_tile_of_a_row_is_clamped_and_unguarded():
@@ -224,9 +254,10 @@ def test_a_1d_transposed_convolution_over_a_dynamic_length():
 
 
 @pytest.mark.parametrize("make", [
-    lambda: _conv(16, 32, 3, 1, True), lambda: _conv(16, 16, 3, 2, True, groups=16),
+    lambda: _conv(16, 32, 3, 1, True), lambda: _conv(16, 24, 1, 1, "residual"),
+    lambda: _conv(16, 16, 3, 2, True, groups=16),
     lambda: _transpose(24, 24, 2, 2, 0, 0), lambda: _pool(*POOLS["max-3x3-stride-2-padded"])],
-    ids=["conv", "depthwise", "transposed", "pool"])
+    ids=["conv", "pointwise", "depthwise", "transposed", "pool"])
 def test_verification_mode_checks_it_at_bound_sizes(make):
     before = tvm.IRModule({"main": make()})
     after = apply_rules(before, TARGET, default_rules())
@@ -251,7 +282,8 @@ def test_a_detector_with_a_dynamic_height_and_width_matches_onnxruntime(tmp_path
                           dynamic_axes={"x": {0: "batch", 2: "height", 3: "width"}})
     forge.from_onnx(buffer.getvalue()).compile(output_path=tmp_path / "artifact", export_metadata=True)
     rules = json.loads((tmp_path / "artifact" / "model_metadata.json").read_text())["schedules"]["rules"]
-    assert sum(rule == "DynamicConv2dNCHW" for rule in rules.values()) == 4, rules
+    assert sum(rule == "DynamicConv2dNCHW" for rule in rules.values()) == 3, rules
+    assert sum(rule == "DynamicPointwiseConv2dNCHW" for rule in rules.values()) == 1, rules
     runtime = forge.Runtime(tmp_path / "artifact")
     session = ort.InferenceSession(buffer.getvalue(), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(2)

@@ -100,10 +100,11 @@ def _dims(func: tirx.PrimFunc, sizes: dict[str, int]) -> list[list[int]]:
     return [[int(analyzer.simplify(substitute(d, list(values.values())))) for d in p.ty.shape] for p in func.params]
 
 
-def _check_sizes(func: tirx.PrimFunc, scheduled: tirx.PrimFunc, names: tuple[str, ...], sizes, seed: int) -> None:
+def _check_sizes(func: tirx.PrimFunc, scheduled: tirx.PrimFunc, names: tuple[str, ...], sizes, seed: int,
+                 target: tvm.target.Target = TARGET) -> None:
     rng = np.random.default_rng(seed)
     # Each built once, run at every size (as a dynamic kernel is).
-    reference, library = (tvm.compile(tvm.IRModule({"main": f}), target=TARGET) for f in (func, scheduled))
+    reference, library = (tvm.compile(tvm.IRModule({"main": f}), target=target) for f in (func, scheduled))
     for size in sizes:
         dims = _dims(func, dict(zip(names, size)))
         arrays = [rng.standard_normal(d).astype("float32") for d in dims[:-1]]

@@ -23,9 +23,10 @@ Rules, most specific first:
   16 output pixels by one vector of output channels (1x1 kernels and rows of
   at most 7 pixels: up to 14 pixels by two vectors); fused epilogues (bias,
   residual add, relu, clip) write each tile back.
-* :class:`DynamicConv2dNCHW` and :class:`DynamicGroupedConv2dNCHW`: the same
-  tiles over a dynamic height and width, the last tile of a row clamped to
-  the row's end (:mod:`forge_core.schedules.dynamic_conv`).
+* :class:`DynamicPointwiseConv2dNCHW`, :class:`DynamicConv2dNCHW` and
+  :class:`DynamicGroupedConv2dNCHW`: the same tiles over a dynamic height and
+  width, the last tile of a row (of the fused pixel axis, for 1x1
+  convolutions) clamped to its end (:mod:`forge_core.schedules.dynamic_conv`).
 * :class:`FlatDepthwiseNCHW`: a quantized module's stride-1 depthwise
   convolutions with a requantizing epilogue on rows that are not whole
   vectors (7, 14, 28, 56 pixels): convolution and epilogue computed in

@@ -15,6 +15,9 @@ sized by the dynamic row, and stayed in memory (a store after every
 multiply-add: DBNet's 96->24 3x3 convolution took 40 ms in the model, the
 static kernel 20).
 
+* :class:`~forge_core.schedules.pointwise_conv2d.DynamicPointwiseConv2dNCHW`: 1x1, stride 1: the static
+  pointwise rule's tile (output channels x vectors of pixels) over the fused pixel axis of ``H * W`` pixels,
+  its last tile clamped to the map's end.
 * :class:`DynamicConv2dNCHW`: groups=1, the static rule's tile; the rows alone
   in parallel (the static rule's ``(image, channel block, row)`` fused loop
   divides every index by the symbolic row count: 2-3x the build time, for the
@@ -134,10 +137,11 @@ def tile_planes_clamped(sch: s_tir.Schedule, block: s_tir.SBlockRV, n: s_tir.Loo
     return None if clamped is None else s_tir.Schedule(clamped)
 
 
-def clamp_last_tile(func: tirx.PrimFunc, loop: tirx.For, tile: int, width: tirx.PrimExpr) -> tirx.PrimFunc | None:
+def clamp_last_tile(func: tirx.PrimFunc, loop: tirx.For, tile: int, width: tirx.PrimExpr, *,
+                    roll_guarded: bool = False) -> tirx.PrimFunc | None:
     """``func`` with the tile loop ``loop`` (``x0``) as ``if width >= tile`` a copy whose tiles start at
-    ``min(x0 * tile, width - tile)`` with no guard, else ``loop`` as it is; None when a block under ``loop``
-    has a guard that is not the row's."""
+    ``min(x0 * tile, width - tile)`` with no guard, else ``loop`` as it is (with ``roll_guarded``, its unrolled
+    loops serial); None when a block under ``loop`` has a guard that is not the row's."""
     x0 = loop.loop_var
     index_type = str(x0.ty)
     step = tirx.IntImm(index_type, tile)
@@ -206,7 +210,7 @@ def clamp_last_tile(func: tirx.PrimFunc, loop: tirx.For, tile: int, width: tirx.
     clamped_start = tirx.Min(fresh * step, width - step)
     clamped = tirx.For(fresh, loop.min, loop.extent, loop.kind,
                        tirx.SeqStmt([tirx.LetStmt(start, clamped_start), body]), annotations=loop.annotations)
-    choice = tirx.IfThenElse(width >= step, clamped, loop)
+    choice = tirx.IfThenElse(width >= step, clamped, _rolled(loop) if roll_guarded else loop)
 
     def swap(node: tirx.For) -> tirx.Stmt:
         return choice if node.same_as(loop) else node
@@ -218,6 +222,21 @@ def clamp_last_tile(func: tirx.PrimFunc, loop: tirx.For, tile: int, width: tirx.
     root = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, root.body, root.init,
                         alloc_buffers=[*root.alloc_buffers, *own_copies], annotations=root.annotations)
     return swapped.with_body(s_tir.SBlockRealize([], True, root))
+
+
+def _rolled(loop: tirx.For) -> tirx.For:
+    """``loop`` with its unrolled loops serial: a guarded form that runs only on tiny maps.
+
+    Unrolled, every multiply-add of the tile carries its guard: LLVM took 3-4x as long to build a pointwise
+    kernel (its clamped form and this one) for a loop that runs on maps of fewer pixels than a tile. Where the
+    guarded loop runs on real sizes (a convolution's rows narrower than its tile), it stays unrolled."""
+    def serial(node: tirx.For) -> tirx.For:
+        if node.kind != tirx.ForKind.UNROLLED:
+            return node
+        return tirx.For(node.loop_var, node.min, node.extent, tirx.ForKind.SERIAL, node.body,
+                        annotations=node.annotations)
+
+    return tvm_ffi.structural_map(loop, [(tirx.For, serial)])
 
 
 def _holds(tree: object, kind: type, node: object) -> bool:
