@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/cpu_latency.py [--models resnet50,mobilenetv2,bert6] [--tune-minutes 30]
     .venv/bin/python benchmarks/cpu_latency.py --models dbnet,vad
+    .venv/bin/python benchmarks/cpu_latency.py --target "llvm -mcpu=x86-64-v3"   # the AVX2 class, on any newer CPU
 
 Models, batch 1, threads = cores:
 * resnet50: the ONNX ResNet-50 shipped in the onnx wheel (light_resnet50.onnx);
@@ -21,13 +22,16 @@ rule took (the generic schedule or none), from a profile of the artifact; the
 target is under 5% on every model. Forge
 untuned is the default compile(); Forge tuned adds ``IRModule.tune`` within
 ``--tune-minutes`` per model, its database kept in ``--db-dir`` and reused by
-later runs. Prints a table and writes benchmarks/results/cpu_latency.json.
+later runs. ``--target`` compiles (and tunes) for another target than this machine's (default ``llvm``, this
+CPU): ``"llvm -mcpu=x86-64-v3"`` measures the AVX2 class on an AVX-512 machine (onnxruntime and torch still
+run their own kernels for this CPU). Prints a table and writes benchmarks/results/cpu_latency.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -112,24 +116,27 @@ def build_cases(names: list[str], work: Path) -> list[Case]:
     return cases
 
 
-def _tuned_database(case: Case, db_dir: Path, minutes: float) -> tuple[Path, float]:
-    """The case's tuning database in ``db_dir``: reused when a previous run left one, else tuned now."""
-    database = db_dir / f"{case.name}_db"
-    record = db_dir / f"{case.name}_tuning.json"
+def _tuned_database(case: Case, db_dir: Path, minutes: float, target: str = "llvm") -> tuple[Path, float]:
+    """The case's tuning database for ``target`` in ``db_dir``: reused when a previous run left one, else tuned
+    now."""
+    stem = case.name if target == "llvm" else f"{case.name}_{re.sub(r'[^A-Za-z0-9]+', '-', target).strip('-')}"
+    database = db_dir / f"{stem}_db"
+    record = db_dir / f"{stem}_tuning.json"
     if record.exists() and database.exists():
         tuning_s = json.loads(record.read_text())["tuning_s"]
         print(f"{case.name}: reusing the tuning database {database} ({tuning_s:.0f} s of tuning)")
         return database, tuning_s
     # Tune in a process of its own: MetaSchedule's worker processes must not outlive it into the timings.
     done = subprocess.run([sys.executable, str(Path(__file__)), "--tune-worker", case.name, str(database),
-                           str(minutes)], check=True, capture_output=True, text=True)
+                           str(minutes), target], check=True, capture_output=True, text=True)
     print(done.stdout)
     tuning_s = json.loads(done.stdout.strip().splitlines()[-1])["tuning_s"]
     record.write_text(json.dumps({"tuning_s": tuning_s, "minutes": minutes}) + "\n")
     return database, tuning_s
 
 
-def run_case(case: Case, work: Path, tune_minutes: float, rounds: int, db_dir: Path) -> list[Entry]:
+def run_case(case: Case, work: Path, tune_minutes: float, rounds: int, db_dir: Path,
+             target: str = "llvm") -> list[Entry]:
     """Compile (and tune), then time every engine in ``rounds`` interleaved rounds.
 
     Each round times onnxruntime, Forge untuned, Forge tuned and torch one after
@@ -142,17 +149,17 @@ def run_case(case: Case, work: Path, tune_minutes: float, rounds: int, db_dir: P
     ir = case.load()
     artifact = work / f"{case.name}_untuned"
     started = time.perf_counter()
-    ir.compile(output_path=artifact, force_overwrite=True)
+    ir.compile(target, output_path=artifact, force_overwrite=True)
     compile_s = time.perf_counter() - started
 
     engines: dict[str, tuple[str, Path]] = {"onnxruntime": ("onnxruntime", case.onnx_path),
                                             "forge untuned": ("forge", artifact)}
     extra: dict[str, dict] = {"forge untuned": {"compile_s": compile_s}}
     if tune_minutes > 0:
-        database, tuning_s = _tuned_database(case, db_dir, tune_minutes)
+        database, tuning_s = _tuned_database(case, db_dir, tune_minutes, target)
         ir.tuning_database = database
         artifact = work / f"{case.name}_tuned"
-        ir.compile(output_path=artifact, force_overwrite=True)
+        ir.compile(target, output_path=artifact, force_overwrite=True)
         engines["forge tuned"] = ("forge", artifact)
         extra["forge tuned"] = {"compile_s": compile_s, "tuning_s": tuning_s}
     if case.torch_path is not None:
@@ -199,28 +206,31 @@ def print_table(entries: list[Entry]) -> None:
             print(f"{e.model} ({e.engine}): slowest fallback kernels: {', '.join(e.fallbacks)}")
 
 
-def tune_worker(name: str, database: str, minutes: float) -> int:
+def tune_worker(name: str, database: str, minutes: float, target: str = "llvm") -> int:
     with tempfile.TemporaryDirectory(prefix="forge-bench-tune-") as tmp:
         (case,) = build_cases([name], Path(tmp))
         ir = case.load()
         started = time.perf_counter()
-        report = ir.tune(work_dir=database, trials=100_000, time_budget=minutes * 60, progress=False)
+        report = ir.tune(target, work_dir=database, trials=100_000, time_budget=minutes * 60, progress=False)
         print(report.summary())
         print(json.dumps({"tuning_s": time.perf_counter() - started}))
     return 0
 
 
 def main() -> int:
-    if len(sys.argv) == 5 and sys.argv[1] == "--tune-worker":
-        return tune_worker(sys.argv[2], sys.argv[3], float(sys.argv[4]))
+    if len(sys.argv) in (5, 6) and sys.argv[1] == "--tune-worker":
+        return tune_worker(*sys.argv[2:4], float(sys.argv[4]), *sys.argv[5:])
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="resnet50,mobilenetv2,bert6")
     parser.add_argument("--tune-minutes", type=float, default=0.0, help="tuning budget per model (0: skip)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (median reported)")
     parser.add_argument("--db-dir", default=str(HERE / "results" / "tuning"),
                         help="where tuning databases are kept; an existing one is reused instead of tuning again")
+    parser.add_argument("--target", default="llvm",
+                        help='Forge\'s target (default: this CPU); "llvm -mcpu=x86-64-v3" for the AVX2 class')
     parser.add_argument("--json", default=str(HERE / "results" / "cpu_latency.json"))
     args = parser.parse_args()
+    print(f"Forge target: {args.target}", flush=True)
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, given {args.rounds}")
     db_dir = Path(args.db_dir)
@@ -229,7 +239,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="forge-bench-") as tmp:
         work = Path(tmp)
         for case in build_cases(args.models.split(","), work):
-            entries += run_case(case, work, args.tune_minutes, args.rounds, db_dir)
+            entries += run_case(case, work, args.tune_minutes, args.rounds, db_dir, args.target)
             print_table([e for e in entries if e.model == case.name])
     print_table(entries)
     out = Path(args.json)

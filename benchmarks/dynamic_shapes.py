@@ -1,6 +1,7 @@
 """A dynamic artifact against the static one and against onnxruntime, at three sizes, in one run.
 
     .venv/bin/python benchmarks/dynamic_shapes.py [--models mobilenetv2,resnet50,bert6,dbnet,vad] [--rounds 2]
+        [--target "llvm -mcpu=x86-64-v3"]
 
 Each model is exported once by torch with its dims dynamic (``dynamic_axes``), then:
 
@@ -66,8 +67,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="mobilenetv2,resnet50,bert6,dbnet,vad")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--target", default="llvm",
+                        help='Forge\'s target (default: this CPU); "llvm -mcpu=x86-64-v3" for the AVX2 class')
     args = parser.parse_args()
     print(describe_host())
+    print(f"Forge target: {args.target}", flush=True)
+    target = args.target
     results = []
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder)
@@ -76,11 +81,11 @@ def main() -> None:
             model = randomized(factory())
             onnx_path = work / f"{name}.onnx"
             onnx_path.write_bytes(_export(model, _inputs(name, sizes[0], 0), axes))
-            forge.from_onnx(onnx_path).compile(output_path=work / f"{name}-dynamic")
+            forge.from_onnx(onnx_path).compile(target, output_path=work / f"{name}-dynamic")
             buckets = [{next(iter(axes)): size} for size in sizes]
-            forge.from_onnx(onnx_path).compile(output_path=work / f"{name}-bucketed", shape_buckets=buckets)
+            forge.from_onnx(onnx_path).compile(target, output_path=work / f"{name}-bucketed", shape_buckets=buckets)
             static_shape = {next(iter(axes)): sizes[0]}
-            forge.from_onnx(onnx_path, shape=static_shape).compile(output_path=work / f"{name}-static")
+            forge.from_onnx(onnx_path, shape=static_shape).compile(target, output_path=work / f"{name}-static")
             feeds = []
             for index, size in enumerate(sizes):
                 path = work / f"{name}-{index}.npz"
@@ -115,7 +120,7 @@ def main() -> None:
                       flush=True)
     out = HERE / "results" / "dynamic_shapes.json"
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"host": describe_host(), "rows": results}, indent=2))
+    out.write_text(json.dumps({"host": describe_host(), "target": target, "rows": results}, indent=2))
 
 
 if __name__ == "__main__":

@@ -194,7 +194,7 @@ def ort_int8_model(model_path: Path, work: Path, input_name: str, calib: list[np
 
 
 def forge_int8(ir: forge.IRModule, calib: list[np.ndarray], method: Method, artifact: Path,
-               seconds: dict[str, float], step: list[str]) -> None:
+               seconds: dict[str, float], step: list[str], target: str = "llvm") -> None:
     """``ir`` calibrated, quantized (static int8, per channel, ``method``) and compiled to ``artifact``.
 
     Each step's time goes into ``seconds``; ``step[0]`` names the step under way (for the error report).
@@ -203,7 +203,7 @@ def forge_int8(ir: forge.IRModule, calib: list[np.ndarray], method: Method, arti
                          ("quantize", lambda: ir.quantize(activation_dtype="int8", per_channel=True,
                                                           calib_method=method.forge_method, quant_type="static",
                                                           percentile=method.forge_percentile)),
-                         ("compile", lambda: ir.compile(output_path=artifact, force_overwrite=True))):
+                         ("compile", lambda: ir.compile(target, output_path=artifact, force_overwrite=True))):
         step[0], t = name, time.perf_counter()
         action()
         seconds[f"forge_{name}" if name != "compile" else "forge_int8_compile"] = time.perf_counter() - t
@@ -288,7 +288,7 @@ def run_case(case: Case, args: argparse.Namespace, work: Path, result: Result) -
     ir = forge.from_onnx(str(case.onnx_path))
     fp32_artifact = work / f"{case.name}_forge_fp32"
     try:
-        ir.copy().compile(output_path=fp32_artifact, force_overwrite=True)
+        ir.copy().compile(args.target, output_path=fp32_artifact, force_overwrite=True)
         result.seconds["forge_fp32_compile"] = time.perf_counter() - t
         engines["forge fp32"] = ("forge", fp32_artifact)
         result.forge_fp32_sqnr_db = sqnr_db(reference, _forge_outputs(fp32_artifact, case.evaluation))
@@ -299,7 +299,7 @@ def run_case(case: Case, args: argparse.Namespace, work: Path, result: Result) -
     int8_artifact = work / f"{case.name}_forge_int8"
     step = ["calibrate"]
     try:
-        forge_int8(ir, case.calib, method, int8_artifact, result.seconds, step)
+        forge_int8(ir, case.calib, method, int8_artifact, result.seconds, step, args.target)
         engines["forge int8"] = ("forge", int8_artifact)
         step = ["run"]
         result.forge_int8_sqnr_db = sqnr_db(reference, _forge_outputs(int8_artifact, case.evaluation))
@@ -323,7 +323,8 @@ def run_case(case: Case, args: argparse.Namespace, work: Path, result: Result) -
         try:
             same_model = work / f"{case.name}_forge_on_ort_int8"
             t = time.perf_counter()
-            forge.from_onnx(str(engines["onnxruntime int8"][1])).compile(output_path=same_model, force_overwrite=True)
+            forge.from_onnx(str(engines["onnxruntime int8"][1])).compile(args.target, output_path=same_model,
+                                                                         force_overwrite=True)
             result.seconds["forge_on_ort_int8_compile"] = time.perf_counter() - t
             engines["forge on ORT int8"] = ("forge", same_model)
             got = _forge_outputs(same_model, case.evaluation)
@@ -474,8 +475,12 @@ def main() -> int:
     parser.add_argument("--digits-size", type=int, default=112, help="image size of the digits-trained MobileNetV2")
     parser.add_argument("--digits-epochs", type=int, default=6, help="its training epochs")
     parser.add_argument("--digits-eval", type=int, default=64, help="its held-out evaluation digits")
+    parser.add_argument("--target", default="llvm",
+                        help='Forge\'s target (default: this CPU); "llvm -mcpu=x86-64-v3" for the AVX2 class, whose '
+                             "int8 computes in float")
     parser.add_argument("--json", default=str(HERE / "results" / "int8_speed.json"))
     args = parser.parse_args()
+    print(f"Forge target: {args.target}", flush=True)
     names = args.models.split(",")
     unknown = [n for n in names if n not in (*CNNS, "bert6")]
     if unknown:
