@@ -5,7 +5,8 @@ Against their unscheduled form, at sizes that take each path: rows of whole tile
 clamped to the row's end (overlapping the tile before), rows narrower than a tile (the guarded loop), a 1x1 map;
 with and without an epilogue, strided, 1x1 and 3x3, odd channel counts; verification mode checks them at bound
 sizes. 1x1 convolutions of stride 1 (DynamicPointwiseConv2dNCHW) tile the fused pixel axis, on the host's vector
-unit and on AVX2's. The same for depthwise and grouped convolutions (DynamicGroupedConv2dNCHW: channel multipliers, 5x5,
+unit and on AVX2's. Reductions over planes of a dynamic size (DynamicPlaneReduction: means, max, a sum of
+squares) at sizes that are whole steps of partial results and not. The same for depthwise and grouped convolutions (DynamicGroupedConv2dNCHW: channel multipliers, 5x5,
 stride 2) and transposed convolutions (ConvTransposeNCHW's gather: kernel equal to the stride, overlapping
 kernels with padding and output padding, groups, 1D), and max and average pooling (DynamicWindowPoolNCX, 1D and
 2D, padded or not, ceil mode, padding excluded from the average). End to end, a detector exported with a dynamic batch,
@@ -246,6 +247,47 @@ def test_pooling_over_a_dynamic_size_computes_its_unscheduled_values(case):
         _check_sizes(func, scheduled, ("batch", "width"), [(1, 12), (2, 9), (1, 2), (1, 33)], len(case))
 
 
+def _reduce(kind: str, rank: int, dynamic_batch: bool) -> tirx.PrimFunc:
+    """A reduction over the trailing ``rank`` axes of a dynamic size, keeping them (a global pool's form)."""
+    dims = [tirx.Var(name, "int64") for name in ("height", "width")[2 - rank:]]
+    batch = tirx.Var("batch", "int64") if dynamic_batch else 1
+    x = relax.Var("x", relax.TensorType([batch, 24, *dims], "float32"))
+    axes = list(range(2, 2 + rank))
+
+    def build(bb, x):  # noqa: ANN001, ANN202
+        if kind == "mean":
+            return relax.op.mean(x, axis=axes, keepdims=True)
+        if kind == "max":
+            return relax.op.max(x, axis=axes, keepdims=True)
+        return relax.op.sum(relax.op.multiply(x, x), axis=axes, keepdims=True)  # a sum of squares
+
+    return _fused([x], build)
+
+
+REDUCTIONS = {
+    # name: (kind, rank, dynamic batch)
+    "mean-2d": ("mean", 2, False),  # a squeeze-and-excite mean, a global average pool
+    "max-2d-dynamic-batch": ("max", 2, True),  # a global max pool
+    "sum-of-squares-2d": ("squares", 2, False),  # an elementwise producer inlined into the reduction
+    "mean-1d": ("mean", 1, True),  # over a dynamic length (a conv1d model's time axis)
+}
+
+
+@pytest.mark.parametrize("case", list(REDUCTIONS))
+def test_a_reduction_over_planes_of_a_dynamic_size_computes_its_unscheduled_values(case):
+    """Each plane by vectors of partial results, the last step guarded: sizes that are whole steps, not whole
+    steps, smaller than a step, a single element."""
+    kind, rank, dynamic_batch = REDUCTIONS[case]
+    func = _reduce(kind, rank, dynamic_batch)
+    scheduled = _schedule(func)
+    assert str(scheduled.attrs[RULE_ATTR]) == "DynamicPlaneReduction"
+    sizes = [(80, 80), (13, 17), (7, 5), (1, 1), (3, 64)] if rank == 2 else [(64,), (1000,), (37,), (1,)]
+    names = ("height", "width") if rank == 2 else ("width",)
+    if dynamic_batch:
+        names, sizes = ("batch", *names), [(2, *size) for size in sizes]
+    _check_sizes(func, scheduled, names, sizes, len(case))
+
+
 def test_a_1d_transposed_convolution_over_a_dynamic_length():
     func = _transpose(16, 16, 4, 2, 1, 0, rank=1)
     scheduled = _schedule(func)
@@ -256,8 +298,9 @@ def test_a_1d_transposed_convolution_over_a_dynamic_length():
 @pytest.mark.parametrize("make", [
     lambda: _conv(16, 32, 3, 1, True), lambda: _conv(16, 24, 1, 1, "residual"),
     lambda: _conv(16, 16, 3, 2, True, groups=16),
-    lambda: _transpose(24, 24, 2, 2, 0, 0), lambda: _pool(*POOLS["max-3x3-stride-2-padded"])],
-    ids=["conv", "pointwise", "depthwise", "transposed", "pool"])
+    lambda: _transpose(24, 24, 2, 2, 0, 0), lambda: _pool(*POOLS["max-3x3-stride-2-padded"]),
+    lambda: _reduce("mean", 2, False)],
+    ids=["conv", "pointwise", "depthwise", "transposed", "pool", "mean"])
 def test_verification_mode_checks_it_at_bound_sizes(make):
     before = tvm.IRModule({"main": make()})
     after = apply_rules(before, TARGET, default_rules())

@@ -53,7 +53,8 @@ Rules, most specific first:
   row (a classifier's ``[1, 1000]``), stage by stage, spatial stages vectorized.
 * :class:`PlaneReduction`: a sum, max or min over an input's trailing axes
   (global pooling, squeeze-and-excite means), planes in parallel, each
-  reduced by vectors of partial sums.
+  reduced by vectors of partial sums; :class:`DynamicPlaneReduction` over
+  planes of a dynamic size, the last step guarded.
 * TVM's ``dlight.cpu.Reduction``: softmax, layer norm, other reductions.
 * :class:`Elementwise`: injective chains, inlined, parallel and vectorized.
 * :class:`Generic`: anything else, parallel over its leading spatial loops.

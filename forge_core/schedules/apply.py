@@ -23,7 +23,7 @@ from forge_core.schedules.elementwise import Elementwise, Generic
 from forge_core.schedules.grouped_conv2d import GroupedConv2dNCHW
 from forge_core.schedules.int8 import Int8Conv2dNCHW, Int8Matmul, Int8PointwiseConv2dNCHW
 from forge_core.schedules.matmul import DynamicMatmul, Matmul
-from forge_core.schedules.plane_reduction import PlaneReduction
+from forge_core.schedules.plane_reduction import DynamicPlaneReduction, PlaneReduction
 from forge_core.schedules.pointwise_conv2d import DynamicPointwiseConv2dNCHW, PointwiseConv2dNCHW
 from forge_core.schedules.pool import DynamicWindowPoolNCX, WindowPoolNCX
 from forge_core.schedules.reduction import DynamicRowReduction, ScalarReduction, WholeTensorReduction
@@ -42,7 +42,7 @@ def default_rules() -> list[dlight.ScheduleRule]:
             DynamicPointwiseConv2dNCHW(), DynamicConv2dNCHW(), FlatDepthwiseNCHW(), GroupedConv2dNCHW(),
             DynamicGroupedConv2dNCHW(), ConvTransposeNCHW(), ConvNCX(), GroupedConvNCX(), WindowPoolNCX(),
             DynamicWindowPoolNCX(), Matmul(),
-            DynamicMatmul(), WholeTensorReduction(), PlaneReduction(),
+            DynamicMatmul(), WholeTensorReduction(), PlaneReduction(), DynamicPlaneReduction(),
             ScalarReduction(), DynamicRowReduction(), dlight.cpu.Reduction(), Elementwise(), Generic()]
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight
+from tvm.sym import Analyzer
 
 from forge_core.schedules.blocks import blocks, extent, is_static, iter_kinds, vector_unit
 from forge_core.schedules.epilogue import PARALLEL_MIN_ELEMENTS
@@ -41,14 +42,42 @@ def _trailing(sch: s_tir.Schedule, red: s_tir.SBlockRV) -> bool:
         return False
     region = source[0].region
     reduce_vars = [iv for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
-    shape = [int(d) for d in source[0].source.ty.shape]
+    shape = list(source[0].source.ty.shape)
     if len(region) < len(reduce_vars):
         return False
     trailing = list(region)[len(region) - len(reduce_vars):]
+    analyzer = Analyzer()
     for rng, iv, size in zip(trailing, reduce_vars, shape[len(shape) - len(reduce_vars):]):
-        if not (rng.min.same_as(iv.var) and int(iv.dom.extent) == size):
+        if not (rng.min.same_as(iv.var) and analyzer.can_prove_equal(iv.dom.extent, size)):
             return False
     return True
+
+
+def _plane_reduction(func: tirx.PrimFunc) -> tuple[s_tir.Schedule, s_tir.SBlockRV, list, int] | None:
+    """``(schedule, reduction block, its epilogue blocks, spatial loop count)`` when ``func`` is one reduction over
+    its input's trailing axes (elementwise producers inlined into it), followed by elementwise stages only."""
+    sch = s_tir.Schedule(func)
+    all_blocks = blocks(sch)
+    kinds = [iter_kinds(sch, b) for b in all_blocks]
+    reductions = [i for i, k in enumerate(kinds) if "R" in k]
+    if len(reductions) != 1:
+        return None
+    index = reductions[0]
+    red = all_blocks[index]
+    red_kinds = kinds[index]
+    spatial_count = len(red_kinds) - len(red_kinds.lstrip("S"))
+    if red_kinds != "S" * spatial_count + "R" * (len(red_kinds) - spatial_count):
+        return None
+    if any(set(k) != {"S"} for i, k in enumerate(kinds) if i != index):
+        return None
+    for producer in all_blocks[:index]:  # elementwise (x * x of a sum of squares): inlined
+        try:
+            sch.compute_inline(producer)
+        except Exception:  # noqa: BLE001 - not inlinable: dlight's
+            return None
+    if not _trailing(sch, red):
+        return None
+    return sch, red, all_blocks[index + 1:], spatial_count
 
 
 class PlaneReduction(dlight.ScheduleRule):
@@ -57,27 +86,10 @@ class PlaneReduction(dlight.ScheduleRule):
     def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:  # type: ignore[override]
         if not isinstance(func, tirx.PrimFunc) or not is_static(func):
             return None
-        sch = s_tir.Schedule(func)
-        all_blocks = blocks(sch)
-        kinds = [iter_kinds(sch, b) for b in all_blocks]
-        reductions = [i for i, k in enumerate(kinds) if "R" in k]
-        if len(reductions) != 1:
+        found = _plane_reduction(func)
+        if found is None:
             return None
-        index = reductions[0]
-        red = all_blocks[index]
-        red_kinds = kinds[index]
-        spatial_count = len(red_kinds) - len(red_kinds.lstrip("S"))
-        if red_kinds != "S" * spatial_count + "R" * (len(red_kinds) - spatial_count):
-            return None
-        if any(set(k) != {"S"} for i, k in enumerate(kinds) if i != index):
-            return None
-        for producer in all_blocks[:index]:  # elementwise (x * x of a sum of squares): inlined
-            try:
-                sch.compute_inline(producer)
-            except Exception:  # noqa: BLE001 - not inlinable: dlight's
-                return None
-        if not _trailing(sch, red):
-            return None
+        sch, red, epilogue, spatial_count = found
         loops = sch.get_loops(red)
         spatial, reduce = loops[:spatial_count], loops[spatial_count:]
         size = 1
@@ -92,7 +104,6 @@ class PlaneReduction(dlight.ScheduleRule):
             return None
         chains = next(a for a in range(MAX_CHAINS, 0, -1) if size % (a * vec) == 0 and size // (a * vec) >= 2)
 
-        epilogue = all_blocks[index + 1:]
         for block in epilogue[:-1]:
             sch.compute_inline(block)
         plane = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
@@ -115,6 +126,47 @@ class PlaneReduction(dlight.ScheduleRule):
             sch.set_scope(red, 0, "local")
         if planes > 1 and planes * size >= PARALLEL_MIN_ELEMENTS:
             sch.parallel(plane)
+        # Loop kinds must all be set before decompose_reduction.
+        sch.decompose_reduction(rf, steps)
+        return sch
+
+
+class DynamicPlaneReduction(dlight.ScheduleRule):
+    """:class:`PlaneReduction` over planes of a dynamic size (a detector's squeeze-and-excite means and global
+    pools over an image of any size): each plane reduced by :data:`MAX_CHAINS` vectors of partial results, the
+    last step guarded by the plane's size, then a horizontal reduction and the epilogue, planes in parallel.
+
+    The partial results are a stage of their own, not computed per plane under the final reduction: moved
+    there (``compute_at``), their block lost the split's guard and read past the plane (a wrong mean on any
+    plane whose size is not a multiple of the step). Measured on an AMD EPYC Zen 4 (AVX-512), a mean over
+    72 x 80 x 80: 0.21 ms under ``dlight.cpu.Reduction``, 0.06 ms here; 72 x 160 x 160: 0.79 -> 0.17 ms.
+    """
+
+    def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:  # type: ignore[override]
+        if not isinstance(func, tirx.PrimFunc) or is_static(func):
+            return None
+        found = _plane_reduction(func)
+        if found is None:
+            return None
+        sch, red, epilogue, spatial_count = found
+        loops = sch.get_loops(red)
+        spatial, reduce = loops[:spatial_count], loops[spatial_count:]
+        if not spatial or all(extent(sch, loop) is not None for loop in reduce):
+            return None  # a static plane (of a dynamic batch): the batch loop's
+        step = MAX_CHAINS * vector_unit(target).lanes(str(sch.get(red).writes[0].source.dtype))
+        for block in epilogue[:-1]:
+            sch.compute_inline(block)
+        plane = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+        flat = sch.fuse(*reduce) if len(reduce) > 1 else reduce[0]
+        _, partial = sch.split(flat, [None, step])
+        rf = sch.rfactor(partial, factor_axis=spatial_count)
+        rf_plane, steps, lanes_loop = sch.get_loops(rf)
+        sch.vectorize(lanes_loop)
+        sch.parallel(rf_plane)
+        plane = sch.get_loops(red)[0]
+        if epilogue:
+            sch.reverse_compute_at(epilogue[-1], plane)
+        sch.parallel(plane)
         # Loop kinds must all be set before decompose_reduction.
         sch.decompose_reduction(rf, steps)
         return sch
