@@ -334,3 +334,46 @@ def test_a_detector_with_a_dynamic_height_and_width_matches_onnxruntime(tmp_path
         x = rng.standard_normal(size).astype("float32")
         want = session.run(None, {"x": x})[0]
         np.testing.assert_allclose(runtime.infer(x)[0], want, rtol=1e-4, atol=1e-5, err_msg=str(size))
+
+
+def _squeeze_excite_model():
+    """x -> 1x1 conv + ReLU -> squeeze-and-excite (global average pool, 1x1 conv, sigmoid, scale), every dim but
+    the channels dynamic, as a detector's backbone block ships."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from model_factory import make_model
+
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * 0.3, name)
+             for name, shape in (("w1", (24, 16, 1, 1)), ("b1", (24,)), ("w2", (24, 24, 1, 1)), ("b2", (24,)))]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c"], name="expand"),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("GlobalAveragePool", ["r"], ["m"], name="squeeze"),
+             helper.make_node("Conv", ["m", "w2", "b2"], ["e"], name="excite"),
+             helper.make_node("Sigmoid", ["e"], ["g"], name="gate"),
+             helper.make_node("Mul", ["r", "g"], ["y"], name="scale")]
+    dims = ["batch", 16, "height", "width"]
+    return make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 24, "height", "width"])],
+                      inits)
+
+
+@pytest.mark.parametrize("opt_level", [0, 1, 2, 3, 4])
+def test_a_squeeze_excite_block_over_a_dynamic_size_matches_onnxruntime_at_every_opt_level(opt_level, tmp_path):
+    """The pointwise and plane-reduction rules over a dynamic size in a model, against onnxruntime at sizes whose
+    pixel count is whole tiles, not, and below a tile (opt_level 4: fast-math, a few ulps)."""
+    import forge
+
+    ort = pytest.importorskip("onnxruntime", reason="onnxruntime is the reference (installed by ./scripts/setup)")
+    model = _squeeze_excite_model()
+    forge.from_onnx(model).compile(output_path=tmp_path / "a", opt_level=opt_level, export_metadata=True)
+    if opt_level == 3:
+        rules = json.loads((tmp_path / "a" / "model_metadata.json").read_text())["schedules"]["rules"]
+        assert {"DynamicPointwiseConv2dNCHW", "DynamicPlaneReduction"} <= set(rules.values()), rules
+    runtime = forge.Runtime(tmp_path / "a")
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(opt_level)
+    for size in [(1, 16, 32, 40), (2, 16, 13, 17), (1, 16, 3, 5), (1, 16, 1, 1)]:
+        x = rng.standard_normal(size).astype("float32")
+        (want,) = session.run(None, {"x": x})
+        np.testing.assert_allclose(runtime.infer(x)[0], want, rtol=1e-4, atol=1e-5, err_msg=str(size))
