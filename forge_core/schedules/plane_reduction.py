@@ -53,9 +53,13 @@ def _trailing(sch: s_tir.Schedule, red: s_tir.SBlockRV) -> bool:
     return True
 
 
-def _plane_reduction(func: tirx.PrimFunc) -> tuple[s_tir.Schedule, s_tir.SBlockRV, list, int] | None:
-    """``(schedule, reduction block, its epilogue blocks, spatial loop count)`` when ``func`` is one reduction over
-    its input's trailing axes (elementwise producers inlined into it), followed by elementwise stages only."""
+def _plane_reduction(func: tirx.PrimFunc, *, dynamic: bool) -> tuple[s_tir.Schedule, s_tir.SBlockRV, list, list,
+                                                                    list] | None:
+    """``(schedule, reduction block, its epilogue blocks, spatial loops, reduction loops)`` when ``func`` is one
+    reduction over its input's trailing axes (elementwise producers inlined into it), followed by elementwise
+    stages only; static, or with ``dynamic`` with a symbolic extent."""
+    if not isinstance(func, tirx.PrimFunc) or is_static(func) == dynamic:
+        return None
     sch = s_tir.Schedule(func)
     all_blocks = blocks(sch)
     kinds = [iter_kinds(sch, b) for b in all_blocks]
@@ -77,21 +81,19 @@ def _plane_reduction(func: tirx.PrimFunc) -> tuple[s_tir.Schedule, s_tir.SBlockR
             return None
     if not _trailing(sch, red):
         return None
-    return sch, red, all_blocks[index + 1:], spatial_count
+    loops = sch.get_loops(red)
+    return sch, red, all_blocks[index + 1:], loops[:spatial_count], loops[spatial_count:]
 
 
 class PlaneReduction(dlight.ScheduleRule):
     """Planes in parallel; each reduced by ``a`` vectors of partial sums, then a horizontal reduction."""
 
     def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:  # type: ignore[override]
-        if not isinstance(func, tirx.PrimFunc) or not is_static(func):
-            return None
-        found = _plane_reduction(func)
+        found = _plane_reduction(func, dynamic=False)
         if found is None:
             return None
-        sch, red, epilogue, spatial_count = found
-        loops = sch.get_loops(red)
-        spatial, reduce = loops[:spatial_count], loops[spatial_count:]
+        sch, red, epilogue, spatial, reduce = found
+        spatial_count = len(spatial)
         size = 1
         for loop in reduce:
             size *= extent(sch, loop)
@@ -143,14 +145,10 @@ class DynamicPlaneReduction(dlight.ScheduleRule):
     """
 
     def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:  # type: ignore[override]
-        if not isinstance(func, tirx.PrimFunc) or is_static(func):
-            return None
-        found = _plane_reduction(func)
+        found = _plane_reduction(func, dynamic=True)
         if found is None:
             return None
-        sch, red, epilogue, spatial_count = found
-        loops = sch.get_loops(red)
-        spatial, reduce = loops[:spatial_count], loops[spatial_count:]
+        sch, red, epilogue, spatial, reduce = found
         if not spatial or all(extent(sch, loop) is not None for loop in reduce):
             return None  # a static plane (of a dynamic batch): the batch loop's
         step = MAX_CHAINS * vector_unit(target).lanes(str(sch.get(red).writes[0].source.dtype))
@@ -159,7 +157,7 @@ class DynamicPlaneReduction(dlight.ScheduleRule):
         plane = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
         flat = sch.fuse(*reduce) if len(reduce) > 1 else reduce[0]
         _, partial = sch.split(flat, [None, step])
-        rf = sch.rfactor(partial, factor_axis=spatial_count)
+        rf = sch.rfactor(partial, factor_axis=len(spatial))
         rf_plane, steps, lanes_loop = sch.get_loops(rf)
         sch.vectorize(lanes_loop)
         sch.parallel(rf_plane)
