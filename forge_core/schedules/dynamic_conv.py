@@ -42,7 +42,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight
 
-from forge_core.schedules.blocks import blocks, extent, is_static, iter_kinds, largest_divisor, name_of, producer, \
+from forge_core.schedules.blocks import blocks, extent, iter_kinds, largest_divisor, producer, \
     sole_block, vector_unit
 from forge_core.schedules.conv2d import _tile_for_16_registers, tile_convolution
 from forge_core.schedules.epilogue import attach_epilogue, parallel_vectorized, schedule_padding, split_epilogue
@@ -56,25 +56,12 @@ class DynamicConv2dNCHW(dlight.ScheduleRule):
     """Conv2dNCHW's register tile along a dynamic row, the last tile of a row clamped to its end."""
 
     def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:  # type: ignore[override]
-        if not isinstance(func, tirx.PrimFunc) or is_static(func):
+        found = dynamic_ungrouped_conv(func)
+        if found is None:
             return None
-        sch = s_tir.Schedule(func)
-        convs = [b for b in blocks(sch)
-                 if name_of(sch, b).startswith("conv2d_nchw") and iter_kinds(sch, b) == "SSSSRRR"]
-        if len(convs) != 1:
-            return None
-        conv = convs[0]
+        sch, conv = found
         stmt = sch.get(conv)
-        weight = stmt.reads[-1].source
-        n, f, y, x, rc, ry, rx = sch.get_loops(conv)
-        channels_out = extent(sch, f)
-        if channels_out is None or any(extent(sch, loop) is None for loop in (rc, ry, rx)):
-            return None
-        if len(weight.shape) != 4 or not all(isinstance(d, tirx.IntImm) for d in weight.shape) \
-                or [int(d) for d in weight.shape[:2]] != [channels_out, extent(sch, rc)]:
-            return None  # grouped, or a weight computed at run time
-        if any(set(iter_kinds(sch, b)) != {"S"} for b in blocks(sch) if not sch.get(b).same_as(stmt)):
-            return None
+        channels_out = extent(sch, sch.get_loops(conv)[1])
         width = stmt.iter_vars[3].dom.extent
         unit = vector_unit(target)
         dtype = str(stmt.writes[0].source.dtype)
@@ -91,6 +78,27 @@ class DynamicConv2dNCHW(dlight.ScheduleRule):
         if clamped is None:
             return None
         return s_tir.Schedule(clamped)
+
+
+def dynamic_ungrouped_conv(func: tirx.PrimFunc) -> tuple[s_tir.Schedule, s_tir.SBlockRV] | None:
+    """A schedule of ``func`` and its convolution block, when ``func`` has a symbolic extent and the convolution
+    has groups=1, a constant weight and static channels and kernel, the other blocks spatial (padding,
+    epilogue): the dynamic counterpart of :func:`~forge_core.schedules.conv2d.ungrouped_conv`."""
+    found = sole_block(func, "conv2d_nchw", "SSSSRRR", dynamic=True)
+    if found is None:
+        return None
+    sch, conv = found
+    stmt = sch.get(conv)
+    weight = stmt.reads[-1].source
+    n, f, y, x, rc, ry, rx = sch.get_loops(conv)
+    if any(extent(sch, loop) is None for loop in (f, rc, ry, rx)):
+        return None
+    if len(weight.shape) != 4 or not all(isinstance(d, tirx.IntImm) for d in weight.shape) \
+            or [int(d) for d in weight.shape[:2]] != [extent(sch, f), extent(sch, rc)]:
+        return None  # grouped, or a weight computed at run time
+    if any(set(iter_kinds(sch, b)) != {"S"} for b in blocks(sch) if not sch.get(b).same_as(stmt)):
+        return None
+    return sch, conv
 
 
 class DynamicGroupedConv2dNCHW(dlight.ScheduleRule):

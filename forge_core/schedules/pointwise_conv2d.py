@@ -16,9 +16,9 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight
 from tvm.sym import Analyzer
 
-from forge_core.schedules.blocks import blocks, extent, iter_kinds, name_of, sole_block, vector_unit, x_stride
+from forge_core.schedules.blocks import blocks, extent, name_of, vector_unit, x_stride
 from forge_core.schedules.conv2d import PREPACK, ungrouped_conv
-from forge_core.schedules.dynamic_conv import clamp_last_tile
+from forge_core.schedules.dynamic_conv import clamp_last_tile, dynamic_ungrouped_conv
 from forge_core.schedules.epilogue import attach_epilogue, split_epilogue
 
 # Output channels per register tile: the widest that divides the channel count.
@@ -72,20 +72,12 @@ class DynamicPointwiseConv2dNCHW(dlight.ScheduleRule):
     """
 
     def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:  # type: ignore[override]
-        found = sole_block(func, "conv2d_nchw", "SSSSRRR", dynamic=True)
+        found = dynamic_ungrouped_conv(func)
         if found is None:
             return None
         sch, conv = found
         stmt = sch.get(conv)
-        n, f, y, x, rc, ry, rx = sch.get_loops(conv)
-        channels_out, channels_in = extent(sch, f), extent(sch, rc)
-        weight = stmt.reads[-1].source
-        if channels_out is None or channels_in is None or len(weight.shape) != 4 \
-                or not all(isinstance(d, tirx.IntImm) for d in weight.shape) \
-                or [int(d) for d in weight.shape[:2]] != [channels_out, channels_in]:
-            return None  # grouped, or a weight computed at run time
-        if any(set(iter_kinds(sch, b)) != {"S"} for b in blocks(sch) if not sch.get(b).same_as(stmt)):
-            return None
+        channels_out = extent(sch, sch.get_loops(conv)[1])
         height, width = (iv.dom.extent for iv in stmt.iter_vars[2:4])
         if not _pointwise(sch, conv, [height, width]):
             return None
