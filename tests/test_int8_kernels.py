@@ -294,6 +294,62 @@ def test_avx_vnni_target_without_avx512_uses_256_bit_vpdpbusd_and_is_bit_exact(o
         assert "vpdpbusd" in asm and "ymm" in asm
 
 
+WIDENED = {  # x86 without a byte dot product: operands widened to int16 pairs, vpmaddwd
+    "x86-64-v3": tvm.target.Target({"kind": "llvm", "mcpu": "x86-64-v3", "num-cores": 2}),  # AVX2 + FMA
+    "skylake-avx512": NO_VNNI,  # AVX-512 without VNNI
+}
+
+
+WIDENED_CASES = [
+    ("conv2d", (8, 24, 9, 11, 3, 1, 1, "Int8Conv2dNCHW")),  # 3 vectors of 8 lanes (AVX-512: 8 lanes too)
+    ("conv2d", (12, 32, 16, 16, 1, 1, 0, "Int8PointwiseConv2dNCHW")),  # a 1x1: pixels as lanes
+    ("conv2d", (16, 24, 7, 7, 1, 1, 0, "Int8Conv2dNCHW")),  # a 1x1 over 49 pixels: channel lanes
+    ("conv2d", (32, 64, 14, 14, 3, 2, 1, "Int8Conv2dNCHW")),  # strided; 2 vectors of 16 (AVX-512) or of 8
+    ("conv2d", (4, 16, 7, 7, 3, 1, 1, "Int8Conv2dNCHW")),  # 4 input channels (a padded RGB stem), rows of 7
+    ("conv2d", (8, 20, 6, 6, 1, 1, 0, None)),  # 8 does not divide F: the generic rule
+    ("matmul", ((33, 64), 64, 40, "Int8Matmul")),  # 33 rows: a tile of 11
+    ("matmul", ((2, 7, 96), 96, 96, "Int8Matmul")),
+]
+
+
+@pytest.mark.parametrize("op,case,kind", [
+    (op, case, kind) for op, case in WIDENED_CASES
+    for kind in (("none", "requantize", "residual") if op == "conv2d" else ("none", "bias", "requantize"))],
+    ids=lambda c: c if isinstance(c, str) else "x".join(str(v) for v in c[:-1]).replace(" ", ""))
+@pytest.mark.parametrize("cpu", list(WIDENED))
+def test_x86_without_vnni_widens_to_int16_pairs_on_vpmaddwd_and_is_bit_exact(cpu, op, case, kind):
+    """AVX2 (and AVX-512 without VNNI): uint8 activations and int8 weights widened to int16 as they are
+    repacked, ``vpmaddwd`` (no saturation, unlike ``pmaddubsw``) into int32 accumulators: bit-exact in every
+    epilogue, on every host that runs the class (the assembly is checked on any host)."""
+    target = WIDENED[cpu]
+    if op == "conv2d":
+        channels_in, channels_out, height, width, k, stride, padding, rule = case
+        data = RNG.integers(0, 256, (2, channels_in, height, width)).astype(np.uint8)
+        weight = RNG.integers(-128, 128, (channels_out, channels_in, k, k)).astype(np.int8)
+        weight[0, 0] = -128  # the widest products: 255 x -128 in every pair of the first channel's first row
+        data[0, 0] = 255
+        reference = _reference_conv(data, weight, stride, padding)
+        mod = _module("conv2d", data.shape, weight, kind, reference.shape, strides=stride, padding=padding)
+    else:
+        shape, depth, columns, rule = case
+        data = RNG.integers(0, 256, shape).astype(np.uint8)
+        weight = RNG.integers(-128, 128, (depth, columns)).astype(np.int8)
+        weight[:, 0] = -128
+        data[..., 0, :] = 255
+        reference = data.astype(np.int64) @ weight.astype(np.int64)
+        mod = _module("matmul", data.shape, weight, kind, reference.shape)
+    inputs = [data] if kind != "residual" else [data, RNG.integers(0, 256, reference.shape).astype(np.uint8)]
+    channels = reference.shape[-1] if op == "matmul" else reference.shape[1]
+    bias = _bias(channels, [channels] if op == "matmul" else [channels, 1, 1]) if kind == "bias" else 0
+    executable = _check(mod, inputs, reference + bias, kind, rule, target=target, run=can_run(target))
+    asm = _asm(executable)
+    assert "vpdpbusd" not in asm and "vpmaddubsw" not in asm
+    if cpu == "x86-64-v3":
+        assert "zmm" not in asm, "AVX-512 code for an AVX2 target"
+    if rule is not None:
+        assert "vpmaddwd" in asm
+
+
 # ----------------------------------------------------------------------------------------------------
 # Whole quantized models: computed in integers, against the fake-quantized inference function
 # ----------------------------------------------------------------------------------------------------
@@ -783,7 +839,8 @@ def test_folded_requantize_epilogue_gives_the_same_bytes(activation):
 
 
 # ----------------------------------------------------------------------
-# Without a byte dot product: float, and the compile log says so (issue: int8 slower than fp32 on AVX2)
+# Integer kernels only where they are faster than float32 (AVX2 and up on x86, +dotprod on Arm); else float,
+# and the compile log says so (issue: int8 slower than fp32 on AVX2)
 # ----------------------------------------------------------------------
 
 
@@ -810,9 +867,10 @@ def _integer_convolutions(mod) -> int:
 
 
 @pytest.mark.parametrize("target, integer", [
-    ("llvm -mcpu=x86-64-v3", None),      # AVX2 + FMA: int32 multiply-adds would be slower than float32
-    ("llvm -mcpu=znver1", None),
-    ("llvm -mcpu=skylake-avx512", None),  # AVX-512 without VNNI
+    ("llvm -mcpu=x86-64-v3", 3),         # AVX2 + FMA: int16 pairs on vpmaddwd
+    ("llvm -mcpu=znver1", 3),
+    ("llvm -mcpu=skylake-avx512", 3),    # AVX-512 without VNNI: vpmaddwd on zmm
+    ("llvm -mcpu=sandybridge", None),    # AVX without AVX2: int32 multiply-adds would be slower than float32
     ("raspberry-pi/4", None),            # Cortex-A72: no +dotprod
     ("llvm -mcpu=alderlake", 3),         # AVX-VNNI
     ("llvm -mcpu=znver4", 3),            # AVX-512 VNNI
@@ -836,19 +894,37 @@ def test_integer_kernels_only_where_the_cpu_has_a_byte_dot_product(ort_qdq_conv_
         assert _integer_convolutions(lowered) == integer and not said
     else:
         assert _integer_convolutions(lowered) == 0
-        assert len(said) == 1 and "compute in float32" in said[0] and "-mcpu=alderlake" in said[0], said
+        assert len(said) == 1 and "compute in float32" in said[0] and "-mcpu=x86-64-v3 (AVX2)" in said[0], said
 
 
 @pytest.mark.parametrize("opt_level", [1, 3])
-def test_an_avx2_target_computes_quantized_models_in_float_with_onnxruntimes_numbers(ort_qdq_conv_net, tmp_path,
-                                                                                     monkeypatch, opt_level):
+@pytest.mark.parametrize("cpu", ["x86-64-v3", "skylake-avx512"])
+def test_an_x86_target_without_vnni_computes_quantized_models_in_integers_with_onnxruntimes_numbers(
+        ort_qdq_conv_net, tmp_path, monkeypatch, caplog, opt_level, cpu):
+    import logging
+
     monkeypatch.setenv("FORGE_INT8_LOWERING", "auto")
-    target = resolve_target("llvm -mcpu=x86-64-v3")
+    target = resolve_target(f"llvm -mcpu={cpu}")
     if not can_run(target):
-        pytest.skip("this CPU cannot run x86-64-v3 (AVX2) code")
+        pytest.skip(f"this CPU cannot run {cpu} code")
     path, sample = ort_qdq_conv_net
-    forge.from_onnx(str(path)).compile(target="llvm -mcpu=x86-64-v3", output_path=str(tmp_path / "q"),
-                                       opt_level=opt_level)
+    with caplog.at_level(logging.WARNING, logger="forge.quantization"):
+        forge.from_onnx(str(path)).compile(target=f"llvm -mcpu={cpu}", output_path=str(tmp_path / "q"),
+                                           opt_level=opt_level)
+    assert not [r for r in caplog.records if "no byte dot product" in r.getMessage()]
+    from forge_core.runtime.metadata import read_artifact
+
+    rules = set(read_artifact(tmp_path / "q")[0]["schedules"]["rules"].values())
+    assert {"Int8Conv2dNCHW", "Int8PointwiseConv2dNCHW"} & rules, rules
+    got = forge.Runtime(str(tmp_path / "q")).infer(sample["x"])[0]
+    _assert_onnxruntimes_int8(got, onnxruntime_int8_references(str(path), sample))
+
+
+def test_a_target_before_avx2_computes_quantized_models_in_float_with_onnxruntimes_numbers(ort_qdq_conv_net,
+                                                                                            tmp_path, monkeypatch):
+    monkeypatch.setenv("FORGE_INT8_LOWERING", "auto")
+    path, sample = ort_qdq_conv_net
+    forge.from_onnx(str(path)).compile(target="llvm -mcpu=sandybridge", output_path=str(tmp_path / "q"))
     got = forge.Runtime(str(tmp_path / "q")).infer(sample["x"])[0]
     for expected in onnxruntime_int8_references(str(path), sample):
         # the fake-quantized reference's numbers: float sums of the same products round alike here

@@ -4,7 +4,8 @@
   Forge (static, per channel) and one quantized by onnxruntime (QDQ) are compiled (the int8 one also for a
   second CPU of the AVX2 and AVX-512 classes), and the library's disassembly (``objdump -d``)
   is checked against the class: no AVX-512 (zmm, opmasks, EVEX-only registers) and no ``vpdpbusd``
-  for AVX2 classes, ``vpdpbusd`` on ymm only for Alder Lake (AVX-VNNI), ``vpdpbusd`` on zmm for the
+  for AVX2 classes (their int8 models: ``vpmaddwd`` on ymm, never the saturating ``vpmaddubsw``),
+  ``vpdpbusd`` on ymm only for Alder Lake (AVX-VNNI), ``vpdpbusd`` on zmm for the
   AVX-512 VNNI classes; ``sdot`` for Raspberry Pi 5 and none for Raspberry Pi 4. These compile only,
   so every class is covered on every host; their numbers are checked where the host runs them, by
   the other suites.
@@ -153,6 +154,10 @@ def test_x86_artifacts_hold_only_their_class_instructions(models, cpu, model, tm
         assert any("%ymm" in line for line in fma), "no 256-bit FMA for an AVX2 class"
     if vnni is None:
         assert not dots, f"vpdpbusd for {cpu}, which has no VNNI"
+        if model in ("mobilenetv2-int8", "bert-qdq"):  # AVX2's integer kernels: int16 pairs on vpmaddwd
+            assert any("vpmaddwd" in line and "%ymm" in line for line in asm.splitlines()), \
+                f"no vpmaddwd in an int8 model for {cpu}"
+            assert "vpmaddubsw" not in asm, "the saturating byte multiply-add"
     elif model in ("mobilenetv2-int8", "bert-qdq"):
         assert dots, f"no vpdpbusd in an int8 model for {cpu}, which has VNNI"
         assert all(f"%{vnni}" in line for line in dots), [line for line in dots if f"%{vnni}" not in line][:3]

@@ -42,10 +42,13 @@ def _run(mod: tvm.IRModule, context: PassContext, passes: list[tvm.transform.Pas
 def lower_quantized(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:
     """Compute quantized convolutions and dense layers in integers (uint8 x int8 -> int32), requantizing once.
 
-    Only where the CPU has a byte dot product (x86 VNNI or AVX-VNNI, Arm ``+dotprod``): without one, integer
-    kernels run slower than float32 (AVX2's int32 multiply-adds: MobileNetV2 int8 23.9 ms against float32
-    12.7 ms on a Zen 1), so the quantized operators compute in float from their dequantized weights, the
-    fake-quantized reference's numbers, and the compile log says so (``float_quantized``).
+    Only where the CPU has an integer multiply-add faster than float32: a byte dot product (x86 VNNI or
+    AVX-VNNI, Arm ``+dotprod``), or x86 AVX2 / AVX-512 without VNNI, whose kernels widen the operands to
+    int16 pairs for ``vpmaddwd`` (:mod:`forge_core.schedules.int8`). Without one (x86 before AVX2, Arm
+    without ``+dotprod``), integer kernels run slower than float32 (plain int32 multiply-adds: MobileNetV2
+    int8 23.9 ms against float32 12.7 ms on a Zen 1 before the AVX2 kernels), so the quantized operators
+    compute in float from their dequantized weights, the fake-quantized reference's numbers, and the compile
+    log says so (``float_quantized``).
     """
     from forge_core.quantization.lowering import INT8_LOWERING_ENV, float_quantized, int8_lowering, lower_to_integer
     from forge_core.schedules.int8 import activation_dtype, dot_product

@@ -394,7 +394,7 @@ def lower_to_integer(mod: tvm.IRModule, func_name: str = "main", data_dtype: str
 
 
 INT8_LOWERING_ENV = "FORGE_INT8_LOWERING"
-"""``auto`` (default): integer kernels where the CPU target has a byte dot product, else float32;
+"""``auto`` (default): integer kernels where the CPU target has a byte dot product or AVX2, else float32;
 ``integer``: integer kernels on every target (bit-exact integer sums, slower than float32 without a dot
 product); ``float``: float32 everywhere."""
 
@@ -427,11 +427,11 @@ def float_quantized(mod: tvm.IRModule, target: tvm.target.Target | None, func_na
     attrs = getattr(target, "attrs", None)
     cpu = str(attrs.get("mcpu", "")) if attrs is not None else ""
     logger.warning(
-        "int8: the target (%s) has no byte dot product (x86 AVX-512 VNNI or AVX-VNNI, Arm +dotprod), where "
-        "integer kernels run slower than float32; the quantized operators compute in float32 from their "
-        "dequantized weights (the fake-quantized reference's numbers). Compile for such a CPU for integer "
-        "kernels: -mcpu=alderlake, znver4, cascadelake, or an Arm core with +dotprod (%s=integer forces integer "
-        "kernels).", cpu or "llvm", INT8_LOWERING_ENV)
+        "int8: the target (%s) has no byte dot product (x86 AVX-512 VNNI or AVX-VNNI, Arm +dotprod) and no "
+        "AVX2, where integer kernels run slower than float32; the quantized operators compute in float32 "
+        "from their dequantized weights (the fake-quantized reference's numbers). Compile for such a CPU for "
+        "integer kernels: -mcpu=x86-64-v3 (AVX2), alderlake, znver4, cascadelake, or an Arm core with "
+        "+dotprod (%s=integer forces integer kernels).", cpu or "llvm", INT8_LOWERING_ENV)
     return _fold_weights(mod, func_name)
 
 

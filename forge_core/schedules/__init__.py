@@ -11,7 +11,8 @@ Rules, most specific first:
   :class:`Int8Matmul`: the integer convolutions and dense layers of a
   quantized module (uint8 x int8 -> int32, see
   :mod:`forge_core.quantization.lowering`), tensorized with x86 VNNI's
-  ``vpdpbusd`` (Arm ``+dotprod``: ``sdot`` on int8); weights repacked at
+  ``vpdpbusd`` (Arm ``+dotprod``: ``sdot`` on int8; x86 AVX2 or AVX-512
+  without VNNI: ``vpmaddwd`` on operands widened to int16); weights repacked at
   compile time, the requantizing epilogue fused; 1x1 convolutions over
   feature maps of whole vectors of pixels put pixels in the lanes
   (:mod:`forge_core.schedules.int8`).

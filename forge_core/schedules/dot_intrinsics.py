@@ -15,7 +15,13 @@ call; these pass the bytes as ``uint8x64`` (``A`` broadcast, then
 reinterpreted) and ``int8x64``.
 
 No saturating form (``pmaddubsw``, TVM's ``dot_16x4_avx512``) is used: it
-saturates int16 pairs on full-range uint8 x int8 data.
+saturates int16 pairs on full-range uint8 x int8 data. x86 without VNNI
+(AVX2; AVX-512 without VNNI) takes ``vpmaddwd`` instead: the schedules widen
+both operands to int16 as they repack them (``unsafe_set_dtype``, read back
+through their byte type, which the descriptions match), and each instruction
+multiplies 2 activations, broadcast, by 8 or 16 pairs of weights (or, pixels
+as lanes, 8 or 16 pixels' pairs by one channel's 2 weights) into int32 lanes,
+exactly: 255 x -128 x 2 is far inside int32.
 
 :func:`interleave` is the input repack those kernels read: ``P`` pixels of 4
 channel rows of an NCHW feature map become ``P`` groups of 4 bytes, one pixel's
@@ -35,6 +41,10 @@ from tvm.script import tirx as T
 VNNI_16x4 = "forge_dot_16x4_u8i8i32_vnni"
 VNNI_8x4 = "forge_dot_8x4_u8i8i32_vnni"
 SDOT_4x4 = "forge_dot_4x4_i8i8i32_sdot"
+PMADDWD_8x2 = "forge_dot_8x2_i16i16i32_pmaddwd"
+PMADDWD_16x2 = "forge_dot_16x2_i16i16i32_pmaddwd"
+PMADDWD_PIXELS_8x2 = "forge_dot_8x2_i16i16i32_pmaddwd_pixels"
+PMADDWD_PIXELS_16x2 = "forge_dot_16x2_i16i16i32_pmaddwd_pixels"
 VNNI_PIXELS_16x4 = "forge_dot_16x4_u8i8i32_vnni_pixels"
 
 
@@ -74,6 +84,97 @@ def _vnni(lanes: int, llvm_name: str, scope: str = "local") -> tvm.tirx.PrimFunc
                 C.vload([0], dtype=f"int32x{lanes}"),
                 a_bytes,
                 B.vload([0, 0], dtype=f"int8x{bytes_}"),
+                dtype=f"int32x{lanes}",
+            )
+
+    return implementation
+
+
+def _widened_description(lanes: int) -> tvm.tirx.PrimFunc:
+    """:func:`_description` over operands widened in place (``unsafe_set_dtype``): uint8 activations and int8
+    weights held as int16 (a zero and a sign extension, exact), read back through their byte type; a
+    reduction of 2."""
+
+    @T.prim_func(s_tir=True)
+    def description(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (2,), "int16", offset_factor=1)
+        B = T.match_buffer(b, (lanes, 2), "int16", offset_factor=1)
+        C = T.match_buffer(c, (lanes,), "int32", offset_factor=1, scope="local")
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:2], B[0:lanes, 0:2])
+            T.writes(C[0:lanes])
+            for i in T.serial(0, lanes):
+                for k in T.serial(0, 2):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        C[vi] = C[vi] + T.cast(T.cast(A[vk], "uint8"), "int32") * T.cast(T.cast(B[vi, vk], "int8"),
+                                                                                         "int32")
+
+    return description
+
+
+def _pmaddwd(lanes: int, llvm_name: str) -> tvm.tirx.PrimFunc:
+    """``vpmaddwd``: 2 int16 activations, broadcast, times ``lanes`` pairs of int16 weights, summed in pairs
+    into ``lanes`` int32 (never saturates: |255 * -128| * 2 < 2^31), then added to the accumulators."""
+
+    @T.prim_func(s_tir=True)
+    def implementation(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (2,), "int16", offset_factor=1)
+        B = T.match_buffer(b, (lanes, 2), "int16", offset_factor=1)
+        C = T.match_buffer(c, (lanes,), "int32", offset_factor=1, scope="local")
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:2], B[0:lanes, 0:2])
+            T.writes(C[0:lanes])
+            a_pair = T.reinterpret(A.vload([0], "int16x2"), dtype="int32")
+            C[T.ramp(T.int32(0), 1, lanes)] = C.vload([0], dtype=f"int32x{lanes}") + T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id(llvm_name),
+                T.reinterpret(T.broadcast(a_pair, lanes), dtype=f"int16x{2 * lanes}"),
+                B.vload([0, 0], dtype=f"int16x{2 * lanes}"),
+                dtype=f"int32x{lanes}",
+            )
+
+    return implementation
+
+
+def _widened_pixels_description(lanes: int) -> tvm.tirx.PrimFunc:
+    """:func:`_pixels_description` over operands widened to int16 (:func:`_widened_description`), a reduction
+    of 2."""
+
+    @T.prim_func(s_tir=True)
+    def description(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (lanes, 2), "int16", offset_factor=1)
+        B = T.match_buffer(b, (2,), "int16", offset_factor=1)
+        C = T.match_buffer(c, (lanes,), "int32", offset_factor=1, scope="local")
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:lanes, 0:2], B[0:2])
+            T.writes(C[0:lanes])
+            for i in T.serial(0, lanes):
+                for k in T.serial(0, 2):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        C[vi] = C[vi] + T.cast(T.cast(A[vi, vk], "uint8"), "int32") * T.cast(T.cast(B[vk], "int8"),
+                                                                                             "int32")
+
+    return description
+
+
+def _pmaddwd_pixels(lanes: int, llvm_name: str) -> tvm.tirx.PrimFunc:
+    """``vpmaddwd`` with pixels as lanes: ``lanes`` pixels x 2 channels of int16 activations times the 2
+    weights of one output channel, broadcast."""
+
+    @T.prim_func(s_tir=True)
+    def implementation(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (lanes, 2), "int16", offset_factor=1)
+        B = T.match_buffer(b, (2,), "int16", offset_factor=1)
+        C = T.match_buffer(c, (lanes,), "int32", offset_factor=1, scope="local")
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:lanes, 0:2], B[0:2])
+            T.writes(C[0:lanes])
+            b_pair = T.reinterpret(B.vload([0], "int16x2"), dtype="int32")
+            C[T.ramp(T.int32(0), 1, lanes)] = C.vload([0], dtype=f"int32x{lanes}") + T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id(llvm_name),
+                A.vload([0, 0], dtype=f"int16x{2 * lanes}"),
+                T.reinterpret(T.broadcast(b_pair, lanes), dtype=f"int16x{2 * lanes}"),
                 dtype=f"int32x{lanes}",
             )
 
@@ -140,28 +241,32 @@ def _sdot() -> tvm.tirx.PrimFunc:
     return implementation
 
 
-def _interleave_source(pixels: int, dtype: str, implementation: bool) -> str:
+def _interleave_source(pixels: int, dtype: str, implementation: bool, rows: int = 4, out: str | None = None) -> str:
+    out = out or dtype
     head = f"""
 @T.prim_func(s_tir=True)
 def interleave(a: T.handle, b: T.handle) -> None:
     channel_stride = T.int64()
     row_stride = T.int64()
-    A = T.match_buffer(a, (4, 1, {pixels}), "{dtype}", offset_factor=1, strides=[channel_stride, row_stride, 1])
-    B = T.match_buffer(b, ({pixels}, 4), "{dtype}", offset_factor=1)
+    A = T.match_buffer(a, ({rows}, 1, {pixels}), "{dtype}", offset_factor=1, strides=[channel_stride, row_stride, 1])
+    B = T.match_buffer(b, ({pixels}, {rows}), "{out}", offset_factor=1)
     with T.sblock("root"):
-        T.reads(A[0:4, 0, 0:{pixels}])
-        T.writes(B[0:{pixels}, 0:4])
+        T.reads(A[0:{rows}, 0, 0:{pixels}])
+        T.writes(B[0:{pixels}, 0:{rows}])
 """
     if not implementation:
+        value = "A[vk, 0, vi]" if out == dtype else f'T.Cast("{out}", A[vk, 0, vi])'
         return head + f"""        for i in T.serial(0, {pixels}):
-            for k in T.serial(0, 4):
+            for k in T.serial(0, {rows}):
                 with T.sblock("interleave"):
                     vi, vk = T.axis.remap("SS", [i, k])
-                    B[vi, vk] = A[vk, 0, vi]
+                    B[vi, vk] = {value}
 """
-    rows = ", ".join(f"A[{k}, 0, T.ramp(T.int64(0), 1, {pixels})]" for k in range(4))
-    order = [k * pixels + i for i in range(pixels) for k in range(4)]
-    return head + f"        B[0, T.ramp(T.int64(0), 1, {4 * pixels})] = T.Shuffle([{rows}], {order})\n"
+    loads = [f"A[{k}, 0, T.ramp(T.int64(0), 1, {pixels})]" for k in range(rows)]
+    if out != dtype:
+        loads = [f'T.Cast("{out}x{pixels}", {load})' for load in loads]
+    order = [k * pixels + i for i in range(pixels) for k in range(rows)]
+    return head + f"        B[0, T.ramp(T.int64(0), 1, {rows * pixels})] = T.Shuffle([{', '.join(loads)}], {order})\n"
 
 
 # Pixels per interleave, best first (measured on AVX-512: power-of-two vectors, then a whole row of 14 or 7;
@@ -170,10 +275,12 @@ def interleave(a: T.handle, b: T.handle) -> None:
 INTERLEAVE_PIXELS = (16, 8, 14, 4, 7, 2)
 
 
-def interleave(pixels: int, dtype: str) -> str:
-    """The intrinsic turning ``[4 channels, 1 row, pixels]`` of ``dtype`` into ``[pixels, 4]`` (registered once)."""
-    return _register(f"forge_interleave_4x{pixels}_{dtype}",
-                     lambda implementation: _interleave_source(pixels, dtype, implementation))
+def interleave(pixels: int, dtype: str, rows: int = 4, out: str | None = None) -> str:
+    """The intrinsic turning ``[rows channels, 1 row, pixels]`` of ``dtype`` into ``[pixels, rows]`` (of ``out``,
+    widened as it is written, when given; registered once)."""
+    suffix = "" if rows == 4 and out in (None, dtype) else f"_{rows}_{out}"
+    return _register(f"forge_interleave_4x{pixels}_{dtype}{suffix}",
+                     lambda implementation: _interleave_source(pixels, dtype, implementation, rows, out))
 
 
 def _transpose_source(pixels: int, channels: int, dtype: str, implementation: bool) -> str:
@@ -237,6 +344,13 @@ def register() -> None:
     TensorIntrin.register(VNNI_8x4, _description(8), _vnni(8, "llvm.x86.avx512.vpdpbusd.256"), override=True)
     TensorIntrin.register(VNNI_PIXELS_16x4, _pixels_description(), _vnni_pixels(), override=True)
     TensorIntrin.register(SDOT_4x4, _description(4, "int8"), _sdot(), override=True)
+    TensorIntrin.register(PMADDWD_8x2, _widened_description(8), _pmaddwd(8, "llvm.x86.avx2.pmadd.wd"), override=True)
+    TensorIntrin.register(PMADDWD_16x2, _widened_description(16), _pmaddwd(16, "llvm.x86.avx512.pmaddw.d.512"),
+                          override=True)
+    TensorIntrin.register(PMADDWD_PIXELS_8x2, _widened_pixels_description(8),
+                          _pmaddwd_pixels(8, "llvm.x86.avx2.pmadd.wd"), override=True)
+    TensorIntrin.register(PMADDWD_PIXELS_16x2, _widened_pixels_description(16),
+                          _pmaddwd_pixels(16, "llvm.x86.avx512.pmaddw.d.512"), override=True)
     _registered = True
 
 

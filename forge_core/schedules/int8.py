@@ -29,10 +29,22 @@ to a multiple of 4) and a target with AVX-512 VNNI, or AVX-VNNI (Alder Lake and
 later cores without AVX-512: the 8-lane form only, a register tile of at most
 12 accumulators of its 16 ymm registers, no pixel-lane rule). On Arm with ``+dotprod``
 the same rules use ``sdot`` (int8 x int8, the lowering then keeps activations
-int8): 4-lane accumulators, up to 4 side by side. Otherwise
-they decline and the integer operator takes the generic convolution or
-matmul rule (correct, int32 multiply-adds, slower). They never use the
-saturating ``pmaddubsw`` (see :mod:`forge_core.schedules.dot_intrinsics`).
+int8): 4-lane accumulators, up to 4 side by side.
+
+**x86 without a byte dot product** (AVX2: Haswell to Zen 3; AVX-512 without
+VNNI: Skylake-SP) takes the same three rules on ``vpmaddwd``, the exact form
+the issue names (``vpmovzxbw`` + ``vpmaddwd``, as onnxruntime's u8u8 AVX2
+kernels): the repacks write the activations and the weights as int16 (a zero
+and a sign extension, exact; the weights at compile time) in pairs of input
+channels, and each instruction multiplies 2 activations, broadcast, by 8 (AVX2)
+or 16 (AVX-512) pairs of weights into int32 lanes: 16 or 32 multiply-adds
+where fp32 FMA does 8 or 16, and never a saturation (``|255 x -128| x 2 <
+2^31``). AVX2 keeps 12 accumulators of its 16 registers.
+
+Otherwise (a target without AVX2, or channel counts the rules do not take)
+the integer operator takes the generic convolution or matmul rule (correct,
+int32 multiply-adds, slower). They never use the saturating ``pmaddubsw``
+(see :mod:`forge_core.schedules.dot_intrinsics`).
 """
 
 from __future__ import annotations
@@ -61,6 +73,9 @@ class DotProduct:
     intrinsics: dict[int, str]  # int32 lanes per accumulator -> tensor intrinsic, widest first
     max_vectors: int  # accumulators side by side along the output channels
     accumulators: int = 28  # of 32 vector registers (AVX-512, NEON), the rest for operands
+    unit: int = UNIT  # bytes of the reduction an instruction adds into each lane
+    widened: str | None = None  # the dtype both operands are widened to when repacked (AVX2: int16)
+    pixels: tuple[int, str] | None = None  # pixels as lanes (:class:`Int8PointwiseConv2dNCHW`): lanes, intrinsic
 
     def lanes_for(self, channels: int) -> int | None:
         return next((lanes for lanes in self.intrinsics if channels % lanes == 0), None)
@@ -68,18 +83,26 @@ class DotProduct:
 
 def dot_product(target: tvm.target.Target) -> DotProduct | None:
     """x86 AVX-512 VNNI (uint8 x int8, 16 or 8 lanes), AVX-VNNI (8 lanes: Alder Lake and later cores without
-    AVX-512), Arm ``+dotprod`` (int8 x int8, 4 lanes), or None."""
+    AVX-512), Arm ``+dotprod`` (int8 x int8, 4 lanes), x86 AVX-512BW or AVX2 without VNNI (operands widened to
+    int16 pairs, ``vpmaddwd``), or None."""
     if target.kind.name != "llvm":
         return None
     from tvm.target import codegen
 
     try:
         if codegen.target_has_features("avx512vnni", target):
-            return DotProduct("uint8", {16: dot_intrinsics.VNNI_16x4, 8: dot_intrinsics.VNNI_8x4}, 2)
+            return DotProduct("uint8", {16: dot_intrinsics.VNNI_16x4, 8: dot_intrinsics.VNNI_8x4}, 2,
+                              pixels=(LANES, dot_intrinsics.VNNI_PIXELS_16x4))
         if codegen.target_has_features("avxvnni", target):  # AVX-VNNI without AVX-512: 16 ymm registers
             return DotProduct("uint8", {8: dot_intrinsics.VNNI_8x4}, 2, accumulators=12)
         if codegen.target_has_features("dotprod", target):
             return DotProduct("int8", {4: dot_intrinsics.SDOT_4x4}, 4)
+        if codegen.target_has_features("avx512bw", target):  # AVX-512 without VNNI (Skylake-SP): vpmaddwd on zmm
+            return DotProduct("uint8", {16: dot_intrinsics.PMADDWD_16x2, 8: dot_intrinsics.PMADDWD_8x2}, 2,
+                              unit=2, widened="int16", pixels=(16, dot_intrinsics.PMADDWD_PIXELS_16x2))
+        if codegen.target_has_features("avx2", target):  # no byte dot product: int16 pairs, vpmaddwd
+            return DotProduct("uint8", {8: dot_intrinsics.PMADDWD_8x2}, 2, accumulators=12, unit=2,
+                              widened="int16", pixels=(8, dot_intrinsics.PMADDWD_PIXELS_8x2))
     except Exception:  # noqa: BLE001 - a target LLVM does not know
         return None
     return None
@@ -88,7 +111,7 @@ def dot_product(target: tvm.target.Target) -> DotProduct | None:
 def has_vnni(target: tvm.target.Target) -> bool:
     """Whether ``target`` is an x86 CPU with VNNI (AVX-512 VNNI, or AVX-VNNI)."""
     found = dot_product(target)
-    return found is not None and found.data_dtype == "uint8"
+    return found is not None and found.data_dtype == "uint8" and found.widened is None
 
 
 def activation_dtype(target: tvm.target.Target | None) -> str:
@@ -99,6 +122,17 @@ def activation_dtype(target: tvm.target.Target | None) -> str:
 
 def _vectors(channels: int, lanes: int, most: int) -> int:
     return next(v for v in range(most, 0, -1) if channels % (v * lanes) == 0)
+
+
+def _widest_tile(dot: DotProduct, channels: int, lanes: int, extent_: int, most: int) -> tuple[int, int]:
+    """``(vectors, rows)`` of the widened (``vpmaddwd``) kernels: the tile of most accumulators, up to
+    ``dot.max_vectors`` vectors of ``lanes`` channels dividing ``channels`` by up to ``most`` rows (or
+    pixels) dividing ``extent_``; ties take more vectors (fewer broadcasts a multiply-add). Measured on
+    AVX2 (12 accumulators): 7 pixels x 1 vector on 7-pixel rows, where the VNNI rules' 2 x 1 took 1.9x the
+    time; 3 vectors x 4 rows leave no register for the operands (a 768-wide matmul: 1.5x 4 x 2's time)."""
+    tiles = [(v, largest_divisor(extent_, min(most, dot.accumulators // v)))
+             for v in range(1, dot.max_vectors + 1) if channels % (v * lanes) == 0]
+    return max(tiles, key=lambda tile: (tile[0] * tile[1], tile[0]))
 
 
 def _takes_int8(func: tirx.PrimFunc) -> bool:
@@ -159,22 +193,30 @@ class Int8Matmul(dlight.ScheduleRule):
         *batch, i, j, k = sch.get_loops(mm)
         rows, cols, depth = extent(sch, i), extent(sch, j), extent(sch, k)
         lanes = dot.lanes_for(cols)
-        if len(rhs.shape) != 2 or [int(d) for d in rhs.shape] != [depth, cols] or lanes is None or depth % UNIT:
+        unit = dot.unit
+        if len(rhs.shape) != 2 or [int(d) for d in rhs.shape] != [depth, cols] or lanes is None or depth % unit:
             return None
         dot_intrinsics.register()
         vectors = _vectors(cols, lanes, dot.max_vectors)
         # Measured with VNNI: 8 rows x 2 vectors beat 14 x 2 (operand loads); NEON's 4-lane tiles take 7 x 4.
         mt = largest_divisor(rows, min(14 if vectors == 1 else 8 if dot.max_vectors == 2 else dot.accumulators,
                                        dot.accumulators // vectors))
+        if dot.widened is not None:
+            vectors, mt = _widest_tile(dot, cols, lanes, rows, 8)
 
         inline_side_inputs(sch, mm, None)
         epilogue = split_epilogue(sch, mm)
         repack = sch.cache_read(mm, 1, "global")
-        sch.transform_layout(mm, ("read", 1), lambda a, b: (b // lanes, a // UNIT, b % lanes, a % UNIT))
+        sch.transform_layout(mm, ("read", 1), lambda a, b: (b // lanes, a // unit, b % lanes, a % unit))
         sch.annotate(repack, PREPACK, True)
+        if dot.widened is not None:  # both operands as the instruction reads them (exact: a zero or sign extension)
+            sch.unsafe_set_dtype(repack, 0, dot.widened)
+            widened = sch.cache_read(mm, 0, "global")
+            sch.unsafe_set_dtype(widened, 0, dot.widened)
+            parallel_vectorized(sch, widened, 2 * LANES)
         i_outer, i_inner = sch.split(i, [None, mt])
         j_outer, j_vectors, j_lanes = sch.split(j, [None, vectors, lanes])
-        k_outer, k_inner = sch.split(k, [None, UNIT])
+        k_outer, k_inner = sch.split(k, [None, unit])
         sch.reorder(*batch, i_outer, j_outer, k_outer, i_inner, j_vectors, j_lanes, k_inner)
         writer = attach_epilogue(sch, mm, epilogue)
         sch.reverse_compute_at(writer, j_outer)
@@ -187,10 +229,11 @@ class Int8Matmul(dlight.ScheduleRule):
         return sch
 
 
-def pack_channels(sch: s_tir.Schedule, packed: s_tir.SBlockRV) -> None:
-    """Schedule the input repack (``packed`` writes 4 channels of a pixel together) as vector interleaves.
+def pack_channels(sch: s_tir.Schedule, packed: s_tir.SBlockRV, unit: int = UNIT) -> None:
+    """Schedule the input repack (``packed`` writes ``unit`` channels of a pixel together) as vector interleaves.
 
-    A plain copy of an NCHW input is tensorized with
+    A plain copy of an NCHW input (or a widening one: int16 pairs for
+    ``vpmaddwd``) is tensorized with
     :func:`~forge_core.schedules.dot_intrinsics.interleave` over the first of
     :data:`~forge_core.schedules.dot_intrinsics.INTERLEAVE_PIXELS` dividing
     its rows; anything else (a padding stage, another width) stays a parallel
@@ -198,8 +241,12 @@ def pack_channels(sch: s_tir.Schedule, packed: s_tir.SBlockRV) -> None:
     """
     stmt = sch.get(packed)
     data = stmt.reads[0].source if len(stmt.reads) == 1 else None
-    plain = isinstance(stmt.body, tirx.BufferStore) and isinstance(stmt.body.value, tvm.ir.expr.TensorLoad)
-    if data is None or not plain or len(data.shape) != 4 or int(data.shape[1]) % UNIT \
+    out = str(stmt.writes[0].source.dtype)
+    value = stmt.body.value if isinstance(stmt.body, tirx.BufferStore) else None
+    if isinstance(value, tirx.Cast) and data is not None and str(value.ty) == out != str(data.dtype):
+        value = value.value  # widened as it is written (unsafe_set_dtype)
+    plain = isinstance(value, tvm.ir.expr.TensorLoad)
+    if data is None or not plain or len(data.shape) != 4 or int(data.shape[1]) % unit \
             or len(sch.get_loops(packed)) != 4:
         parallel_vectorized(sch, packed, UNIT * LANES)
         return
@@ -208,12 +255,12 @@ def pack_channels(sch: s_tir.Schedule, packed: s_tir.SBlockRV) -> None:
     if pixels is None:
         parallel_vectorized(sch, packed, UNIT * LANES)
         return
-    sch.transform_block_layout(packed, lambda a, c, h, w: (a, c // UNIT, h, w, c % UNIT))
+    sch.transform_block_layout(packed, lambda a, c, h, w: (a, c // unit, h, w, c % unit))
     a, c, h, w, k = sch.get_loops(packed)
     w_outer, w_inner = sch.split(w, [None, pixels])
     sch.reorder(a, c, h, w_outer, w_inner, k)
     sch.parallel(sch.fuse(a, c, h))
-    sch.tensorize(w_inner, dot_intrinsics.interleave(pixels, str(data.dtype)))
+    sch.tensorize(w_inner, dot_intrinsics.interleave(pixels, str(data.dtype), unit, out))
 
 
 def store_transposed(sch: s_tir.Schedule, writer: s_tir.SBlockRV, tile: s_tir.LoopRV, lanes: int) -> bool:
@@ -269,28 +316,34 @@ class Int8Conv2dNCHW(dlight.ScheduleRule):
                 or lanes is None or channels_in % UNIT:
             return None
         dot_intrinsics.register()
+        unit = dot.unit
         # VNNI: two vectors of channels only on short rows (more pixels per tile on wide ones).
         vectors = _vectors(channels_out, lanes, dot.max_vectors if lanes < 16 or width <= 7 else 1)
         tile_x = largest_divisor(width, min(14, dot.accumulators // vectors))
+        if dot.widened is not None:
+            vectors, tile_x = _widest_tile(dot, channels_out, lanes, width, 14)
 
         data = stmt.reads[0].source
         inline_side_inputs(sch, conv, producer(sch, conv, data))
         epilogue = split_epilogue(sch, conv)
         repack = sch.cache_read(conv, len(stmt.reads) - 1, "global")
         sch.transform_layout(conv, ("read", len(stmt.reads) - 1),
-                             lambda o, i, h, w: (o // lanes, i // UNIT, h, w, o % lanes, i % UNIT))
+                             lambda o, i, h, w: (o // lanes, i // unit, h, w, o % lanes, i % unit))
         sch.annotate(repack, PREPACK, True)
         # The input, four channels of each pixel together: written so by the padding stage, or repacked.
         packed = producer(sch, conv, data)
         if packed is not None:
-            sch.transform_layout(packed, ("write", 0), lambda a, c, h, w: (a, c // UNIT, h, w, c % UNIT))
+            sch.transform_layout(packed, ("write", 0), lambda a, c, h, w: (a, c // unit, h, w, c % unit))
         else:
             packed = sch.cache_read(conv, 0, "global")
-            sch.transform_layout(packed, ("write", 0), lambda a, c, h, w: (a, c // UNIT, h, w, c % UNIT))
+            sch.transform_layout(packed, ("write", 0), lambda a, c, h, w: (a, c // unit, h, w, c % unit))
+        if dot.widened is not None:  # both operands as the instruction reads them (exact: a zero or sign extension)
+            sch.unsafe_set_dtype(repack, 0, dot.widened)
+            sch.unsafe_set_dtype(packed, 0, dot.widened)
 
         f_outer, f_vectors, f_lanes = sch.split(f, [None, vectors, lanes])
         x_outer, x_inner = sch.split(x, [None, tile_x])
-        rc_outer, rc_inner = sch.split(rc, [None, UNIT])
+        rc_outer, rc_inner = sch.split(rc, [None, unit])
         sch.reorder(n, f_outer, y, x_outer, rc_outer, ry, rx, x_inner, f_vectors, f_lanes, rc_inner)
         writer = attach_epilogue(sch, conv, epilogue)
         sch.transform_layout(conv, ("write", 0), lambda a, b, c, d: (a, b // lanes, c, d, b % lanes))
@@ -302,7 +355,7 @@ class Int8Conv2dNCHW(dlight.ScheduleRule):
         sch.unroll(f_vectors)
         sch.decompose_reduction(conv, rc_outer)
         sch.tensorize(f_lanes, dot.intrinsics[lanes])
-        pack_channels(sch, packed)
+        pack_channels(sch, packed, unit)
         return sch
 
 
@@ -328,8 +381,10 @@ class Int8PointwiseConv2dNCHW(dlight.ScheduleRule):
         if found is None:
             return None
         dot, sch, conv, stmt = found
-        if dot.data_dtype != "uint8" or LANES not in dot.intrinsics:
+        if dot.pixels is None:
             return None
+        lanes, intrinsic = dot.pixels
+        unit = dot.unit
         data, weight = stmt.reads[0].source, stmt.reads[-1].source
         n, f, y, x, rc, ry, rx = sch.get_loops(conv)
         channels_out, channels_in = extent(sch, f), extent(sch, rc)
@@ -337,11 +392,11 @@ class Int8PointwiseConv2dNCHW(dlight.ScheduleRule):
         pixels = height * width
         copy = producer(sch, conv, data)  # TOPI's padding stage, a plain copy when the padding is 0
         if [int(d) for d in weight.shape] != [channels_out, channels_in, 1, 1] or channels_in % UNIT \
-                or pixels % LANES or [int(d) for d in data.shape[2:]] != [height, width] \
+                or pixels % lanes or [int(d) for d in data.shape[2:]] != [height, width] \
                 or (copy is not None and [int(d) for d in sch.get(copy).reads[0].source.shape] != list(data.shape)):
             return None
         dot_intrinsics.register()
-        vectors = 2 if pixels % (2 * LANES) == 0 else 1
+        vectors = 2 if pixels % (2 * lanes) == 0 else 1
         tile_f = largest_divisor(channels_out, dot.accumulators // vectors)
 
         inline_side_inputs(sch, conv, copy)
@@ -352,23 +407,26 @@ class Int8PointwiseConv2dNCHW(dlight.ScheduleRule):
         sch.annotate(repack, PREPACK, True)
         packed = copy if copy is not None else sch.cache_read(conv, 0, "global")
         sch.transform_layout(packed, ("write", 0),
-                             lambda a, c, h, w: (a, c // UNIT, h * width + w, c % UNIT))
+                             lambda a, c, h, w: (a, c // unit, h * width + w, c % unit))
+        if dot.widened is not None:
+            sch.unsafe_set_dtype(repack, 0, dot.widened)
+            sch.unsafe_set_dtype(packed, 0, dot.widened)
         writer = attach_epilogue(sch, conv, epilogue)
         sch.transform_layout(conv, ("write", 0), lambda a, o, h, w: (a, o, h * width + w))
         sch.transform_block_layout(conv, lambda a, o, h, w, i, kh, kw: (a, o, h * width + w, i, kh, kw))
         sch.transform_block_layout(writer, lambda a, o, h, w: (a, o, h * width + w))
         n, f, p, rc, ry, rx = sch.get_loops(conv)
         f_outer, f_inner = sch.split(f, [None, tile_f])
-        p_outer, p_vectors, p_lanes = sch.split(p, [None, vectors, LANES])
-        rc_outer, rc_inner = sch.split(rc, [None, UNIT])
+        p_outer, p_vectors, p_lanes = sch.split(p, [None, vectors, lanes])
+        rc_outer, rc_inner = sch.split(rc, [None, unit])
         sch.reorder(n, p_outer, f_outer, rc_outer, ry, rx, f_inner, p_vectors, p_lanes, rc_inner)
         sch.reverse_compute_at(writer, f_outer)
-        _, lanes = sch.split(sch.get_loops(writer)[-1], [None, LANES])
-        sch.vectorize(lanes)
+        _, writer_lanes = sch.split(sch.get_loops(writer)[-1], [None, lanes])
+        sch.vectorize(writer_lanes)
         sch.parallel(sch.fuse(n, p_outer, f_outer))
         sch.unroll(f_inner)
         sch.unroll(p_vectors)
         sch.decompose_reduction(conv, rc_outer)
-        sch.tensorize(p_lanes, dot_intrinsics.VNNI_PIXELS_16x4)
-        pack_channels(sch, packed)
+        sch.tensorize(p_lanes, intrinsic)
+        pack_channels(sch, packed, unit)
         return sch
