@@ -26,6 +26,9 @@ from tvm import relax
 
 import forge
 from cpu_features import VNNI, can_run, needs_vnni, requires_isa
+
+# Whole models in integers: VNNI's vpdpbusd where the CPU has it, else AVX2's vpmaddwd (the same rules).
+needs_integer_kernels = requires_isa("avx2", "fma", why="to run the integer kernels (vpmaddwd or vpdpbusd) on")
 from model_factory import export_torch, onnxruntime_int8_references, onnxruntime_quantized
 from forge_core.compiler.pipeline import build
 from forge_core.schedules.int8 import has_vnni
@@ -398,7 +401,7 @@ def _assert_close_to_fake_quantized(got: np.ndarray, expected: np.ndarray) -> No
     assert sqnr >= 35, sqnr
 
 
-@needs_vnni
+@needs_integer_kernels
 @pytest.mark.parametrize("per_channel,quant_type,opt_level,layout", [
     (True, "static", 3, None), (False, "static", 0, None), (True, "static", 1, None), (True, "static", 4, "first"),
     (True, "static", 3, "last"), (True, "dynamic", 2, None)])
@@ -455,7 +458,7 @@ class InvertedResiduals(torch.nn.Module):
         return self.fc(self.dw3(x).mean((2, 3)))
 
 
-@needs_vnni
+@needs_integer_kernels
 @pytest.mark.parametrize("opt_level,per_channel", [(3, True), (1, False), (4, True)])
 def test_mobilenet_blocks_compute_in_integers_and_their_depthwise_reads_bytes(tmp_path, caplog, opt_level,
                                                                               per_channel):
@@ -653,7 +656,7 @@ def test_onnxruntime_dynamic_int8_conv_net_loads_and_gives_onnxruntimes_numbers(
         assert "Int8PointwiseConv2dNCHW" in rules, rules
 
 
-@needs_vnni
+@needs_integer_kernels
 def test_quantized_bert_encoder_computes_its_dense_layers_in_integers(tmp_path, caplog):
     import json
     import logging
