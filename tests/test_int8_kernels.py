@@ -321,8 +321,8 @@ WIDENED_CASES = [
     ids=lambda c: c if isinstance(c, str) else "x".join(str(v) for v in c[:-1]).replace(" ", ""))
 @pytest.mark.parametrize("cpu", list(WIDENED))
 def test_x86_without_vnni_widens_to_int16_pairs_on_vpmaddwd_and_is_bit_exact(cpu, op, case, kind):
-    """AVX2 (and AVX-512 without VNNI): uint8 activations and int8 weights widened to int16 as they are
-    repacked, ``vpmaddwd`` (no saturation, unlike ``pmaddubsw``) into int32 accumulators: bit-exact in every
+    """AVX2 (and AVX-512 without VNNI): int8 weights held as int16 by the lowering, uint8 activations widened
+    to int16 as they are repacked, ``vpmaddwd`` (no saturation, unlike ``pmaddubsw``) into int32 accumulators: bit-exact in every
     epilogue, on every host that runs the class (the assembly is checked on any host)."""
     target = WIDENED[cpu]
     if op == "conv2d":
@@ -332,7 +332,9 @@ def test_x86_without_vnni_widens_to_int16_pairs_on_vpmaddwd_and_is_bit_exact(cpu
         weight[0, 0] = -128  # the widest products: 255 x -128 in every pair of the first channel's first row
         data[0, 0] = 255
         reference = _reference_conv(data, weight, stride, padding)
-        mod = _module("conv2d", data.shape, weight, kind, reference.shape, strides=stride, padding=padding)
+        # held as int16, as the lowering holds them for this class (the same values)
+        mod = _module("conv2d", data.shape, weight.astype(np.int16), kind, reference.shape, strides=stride,
+                      padding=padding)
     else:
         shape, depth, columns, rule = case
         data = RNG.integers(0, 256, shape).astype(np.uint8)
@@ -340,7 +342,7 @@ def test_x86_without_vnni_widens_to_int16_pairs_on_vpmaddwd_and_is_bit_exact(cpu
         weight[:, 0] = -128
         data[..., 0, :] = 255
         reference = data.astype(np.int64) @ weight.astype(np.int64)
-        mod = _module("matmul", data.shape, weight, kind, reference.shape)
+        mod = _module("matmul", data.shape, weight.astype(np.int16), kind, reference.shape)
     inputs = [data] if kind != "residual" else [data, RNG.integers(0, 256, reference.shape).astype(np.uint8)]
     channels = reference.shape[-1] if op == "matmul" else reference.shape[1]
     bias = _bias(channels, [channels] if op == "matmul" else [channels, 1, 1]) if kind == "bias" else 0

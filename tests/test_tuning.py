@@ -58,20 +58,27 @@ def test_a_fresh_module_reuses_the_database(tuned, tmp_path, caplog):
     assert any("Tuned" in r.getMessage() for r in caplog.records)
 
 
-def test_tuning_a_quantized_model_keeps_onnxruntimes_int8_numbers(tmp_path, caplog, monkeypatch):
-    """onnxruntime's QDQ model of a conv net: its integer kernels (the VNNI rules' schedules seed the database)
-    are tuned and compiled from the database, and the output is still onnxruntime's int8 output."""
+@pytest.mark.parametrize("target", ["llvm", "llvm -mcpu=x86-64-v3 -num-cores=2"])
+def test_tuning_a_quantized_model_keeps_onnxruntimes_int8_numbers(tmp_path, caplog, monkeypatch, target):
+    """onnxruntime's QDQ model of a conv net: its integer kernels (the integer rules' schedules seed the
+    database: VNNI's, or AVX2's vpmaddwd with weights held as int16) are tuned and compiled from the database,
+    and the output is still onnxruntime's int8 output."""
+    from cpu_features import can_run
     from model_factory import onnxruntime_int8_references, onnxruntime_quantized
 
+    from forge_core.targets.parsing import resolve_target
+
+    if not can_run(resolve_target(target)):
+        pytest.skip(f"tuning measures candidates on this CPU, which cannot run {target} code")
     rng = np.random.default_rng(3)
     samples = [{"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)} for _ in range(5)]
     path = onnxruntime_quantized(conv_bn_net(seed=2, channels=16), samples[:4], tmp_path, "QUInt8")
-    monkeypatch.setenv("FORGE_INT8_LOWERING", "integer")  # integer kernels on any CPU (without VNNI: float32 else)
+    monkeypatch.setenv("FORGE_INT8_LOWERING", "integer")  # integer kernels on any CPU (without AVX2: float32 else)
     ir = forge.from_onnx(path)
-    report = ir.tune(work_dir=tmp_path / "db", trials=4, time_budget=300, progress=False)
+    report = ir.tune(target=target, work_dir=tmp_path / "db", trials=4, time_budget=300, progress=False)
     assert report.tasks and all(task.best_ms is not None for task in report.tasks)
     with caplog.at_level(logging.INFO, logger="forge"):
-        ir.compile(output_path=str(tmp_path / "q"))
+        ir.compile(target=target, output_path=str(tmp_path / "q"))
     messages = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("integer lowering: ") and "0 quantized" not in m for m in messages), messages
     assert any(m.startswith("schedules: Tuned") for m in messages), messages

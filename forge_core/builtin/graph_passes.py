@@ -60,7 +60,9 @@ def lower_quantized(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:
         return float_quantized(mod, target, reason="asked" if choice == "float" else None)
     if without_dot:
         logger.info("int8: integer kernels without a byte dot product, as %s=integer asks", INT8_LOWERING_ENV)
-    return lower_to_integer(mod, data_dtype=activation_dtype(target))
+    found = dot_product(target) if target is not None and target.kind.name == "llvm" else None
+    weights = found.widened if found is not None and found.widened is not None else "int8"
+    return lower_to_integer(mod, data_dtype=activation_dtype(target), weight_dtype=weights)
 
 
 def decompose_for_inference(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:

@@ -120,8 +120,9 @@ def _bindings(func: relax.Function) -> _Bindings:
 
 
 class _Lowering:
-    def __init__(self, func: relax.Function, data_dtype: str) -> None:
+    def __init__(self, func: relax.Function, data_dtype: str, weight_dtype: str = "int8") -> None:
         self.data_dtype = data_dtype
+        self.weight_dtype = weight_dtype
         index = _bindings(func)
         self.value_of, self.var_of, self.uses = index.value_of, index.var_of, index.uses
         self.moved: dict[int, tuple[relax.Expr, relax.Expr]] = {}  # old quantize var -> (new scale, new zero point)
@@ -246,7 +247,8 @@ class _Lowering:
                         "data_padded")
         if extra:
             values = np.pad(values, [(0, 0), (0, extra), (0, 0), (0, 0)])
-        accumulated = emit(relax.op.nn.conv2d(data, relax.const(values, "int8"), strides=attrs.strides,
+        accumulated = emit(relax.op.nn.conv2d(data, relax.const(values.astype(self.weight_dtype)),
+                                              strides=attrs.strides,
                                               padding=0, dilation=attrs.dilation,
                                               out_dtype="int32"), "conv2d_int32")
         channels = values.shape[0]
@@ -300,8 +302,8 @@ class _Lowering:
         values, weight_scale, axis = weight
         if values.ndim != 2 or axis not in (None, 1):
             return None
-        accumulated = emit(relax.op.matmul(activation.quantized, relax.const(values, "int8"), out_dtype="int32"),
-                           "matmul_int32")
+        accumulated = emit(relax.op.matmul(activation.quantized, relax.const(values.astype(self.weight_dtype)),
+                                           out_dtype="int32"), "matmul_int32")
         return self.epilogue(call, accumulated, activation, values.astype(np.int64).sum(axis=0), weight_scale,
                              [values.shape[1]], emit)
 
@@ -369,16 +371,20 @@ def _quantized(mod: tvm.IRModule, func_name: str) -> bool:
         _op_name(b.value) == "relax.dequantize" for block in func.body.blocks for b in block.bindings)
 
 
-def lower_to_integer(mod: tvm.IRModule, func_name: str = "main", data_dtype: str = "uint8") -> tvm.IRModule:
+def lower_to_integer(mod: tvm.IRModule, func_name: str = "main", data_dtype: str = "uint8",
+                     weight_dtype: str = "int8") -> tvm.IRModule:
     """``mod`` with ``func_name``'s QDQ convolutions and dense layers computed in integers (see the module doc).
 
     ``data_dtype`` is the activations' dtype in the integer operators: ``"uint8"`` (x86 VNNI's unsigned
     operand; int8 activations move to it) or ``"int8"`` (Arm's ``sdot``; uint8 activations stay float).
+    ``weight_dtype`` is the dtype the int8 weight values are held in: ``"int8"``, or ``"int16"`` for x86
+    without VNNI, whose ``vpmaddwd`` kernels read int16 pairs (the same values; the constants are repacked
+    at compile time either way, so the artifact holds the packed weights in the dtype the kernels read).
     """
     if not _quantized(mod, func_name):
         return mod
     func = mod[func_name]
-    lowering = _Lowering(func, data_dtype)
+    lowering = _Lowering(func, data_dtype, weight_dtype)
     rewritten = rebind(mod, func_name, rewrite_call=lowering.rewrite())
     if lowering.lowered == 0 and lowering.grouped == 0:
         return _fold_weights(mod, func_name)

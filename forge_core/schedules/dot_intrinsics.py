@@ -16,9 +16,10 @@ reinterpreted) and ``int8x64``.
 
 No saturating form (``pmaddubsw``, TVM's ``dot_16x4_avx512``) is used: it
 saturates int16 pairs on full-range uint8 x int8 data. x86 without VNNI
-(AVX2; AVX-512 without VNNI) takes ``vpmaddwd`` instead: the schedules widen
-both operands to int16 as they repack them (``unsafe_set_dtype``, read back
-through their byte type, which the descriptions match), and each instruction
+(AVX2; AVX-512 without VNNI) takes ``vpmaddwd`` instead: the lowering holds
+the weights as int16, the schedules widen the activations to int16 as they
+repack them (``unsafe_set_dtype``, read back through their byte type, which
+the descriptions match), and each instruction
 multiplies 2 activations, broadcast, by 8 or 16 pairs of weights (or, pixels
 as lanes, 8 or 16 pixels' pairs by one channel's 2 weights) into int32 lanes,
 exactly: 255 x -128 x 2 is far inside int32.
@@ -91,9 +92,9 @@ def _vnni(lanes: int, llvm_name: str, scope: str = "local") -> tvm.tirx.PrimFunc
 
 
 def _widened_description(lanes: int) -> tvm.tirx.PrimFunc:
-    """:func:`_description` over operands widened in place (``unsafe_set_dtype``): uint8 activations and int8
-    weights held as int16 (a zero and a sign extension, exact), read back through their byte type; a
-    reduction of 2."""
+    """:func:`_description` over int16 operands: uint8 activations widened in their repack
+    (``unsafe_set_dtype``, read back through their byte type) and int8 weights the lowering holds as int16;
+    a reduction of 2."""
 
     @T.prim_func(s_tir=True)
     def description(a: T.handle, b: T.handle, c: T.handle) -> None:
@@ -107,8 +108,7 @@ def _widened_description(lanes: int) -> tvm.tirx.PrimFunc:
                 for k in T.serial(0, 2):
                     with T.sblock("update"):
                         vi, vk = T.axis.remap("SR", [i, k])
-                        C[vi] = C[vi] + T.cast(T.cast(A[vk], "uint8"), "int32") * T.cast(T.cast(B[vi, vk], "int8"),
-                                                                                         "int32")
+                        C[vi] = C[vi] + T.cast(T.cast(A[vk], "uint8"), "int32") * T.cast(B[vi, vk], "int32")
 
     return description
 
@@ -152,8 +152,7 @@ def _widened_pixels_description(lanes: int) -> tvm.tirx.PrimFunc:
                 for k in T.serial(0, 2):
                     with T.sblock("update"):
                         vi, vk = T.axis.remap("SR", [i, k])
-                        C[vi] = C[vi] + T.cast(T.cast(A[vi, vk], "uint8"), "int32") * T.cast(T.cast(B[vk], "int8"),
-                                                                                             "int32")
+                        C[vi] = C[vi] + T.cast(T.cast(A[vi, vk], "uint8"), "int32") * T.cast(B[vk], "int32")
 
     return description
 

@@ -34,8 +34,10 @@ int8): 4-lane accumulators, up to 4 side by side.
 **x86 without a byte dot product** (AVX2: Haswell to Zen 3; AVX-512 without
 VNNI: Skylake-SP) takes the same three rules on ``vpmaddwd``, the exact form
 the issue names (``vpmovzxbw`` + ``vpmaddwd``, as onnxruntime's u8u8 AVX2
-kernels): the repacks write the activations and the weights as int16 (a zero
-and a sign extension, exact; the weights at compile time) in pairs of input
+kernels): the lowering holds the int8 weights as int16 (their repack is
+folded at compile time, as a plain layout copy that MetaSchedule's builder
+also removes when it measures), the input repack writes the uint8
+activations as int16 (a zero extension, exact) in pairs of input
 channels, and each instruction multiplies 2 activations, broadcast, by 8 (AVX2)
 or 16 (AVX-512) pairs of weights into int32 lanes: 16 or 32 multiply-adds
 where fp32 FMA does 8 or 16, and never a saturation (``|255 x -128| x 2 <
@@ -75,6 +77,12 @@ class DotProduct:
     accumulators: int = 28  # of 32 vector registers (AVX-512, NEON), the rest for operands
     unit: int = UNIT  # bytes of the reduction an instruction adds into each lane
     widened: str | None = None  # the dtype both operands are widened to when repacked (AVX2: int16)
+
+    @property
+    def weight(self) -> str:
+        """The weights' dtype in the lowered module (:func:`~forge_core.quantization.lowering.lower_to_integer`
+        holds them in the widened dtype, which the weight repack, folded at compile time, keeps)."""
+        return self.widened or "int8"
     pixels: tuple[int, str] | None = None  # pixels as lanes (:class:`Int8PointwiseConv2dNCHW`): lanes, intrinsic
 
     def lanes_for(self, channels: int) -> int | None:
@@ -135,10 +143,11 @@ def _widest_tile(dot: DotProduct, channels: int, lanes: int, extent_: int, most:
     return max(tiles, key=lambda tile: (tile[0] * tile[1], tile[0]))
 
 
-def _takes_int8(func: tirx.PrimFunc) -> bool:
-    """An int8 parameter (the weight): the cheap test that lets every float function pass by."""
+def _takes_int8(func: tirx.PrimFunc, weight: str = "int8") -> bool:
+    """A ``weight``-typed parameter (the weight: int8, or int16 for the widened kernels): the cheap test that
+    lets every float function pass by."""
     return isinstance(func, tirx.PrimFunc) and any(
-        isinstance(p, tirx.Buffer) and str(p.dtype) == "int8" for p in func.params)
+        isinstance(p, tirx.Buffer) and str(p.dtype) == weight for p in func.params)
 
 
 def _byte_operands(stmt: tirx.SBlock, dot: DotProduct) -> bool:
@@ -146,7 +155,8 @@ def _byte_operands(stmt: tirx.SBlock, dot: DotProduct) -> bool:
     if len(stmt.reads) < 2:
         return False
     data, weight = stmt.reads[0].source, stmt.reads[-1].source
-    return (str(data.dtype), str(weight.dtype), str(stmt.writes[0].source.dtype)) == (dot.data_dtype, "int8", "int32")
+    return (str(data.dtype), str(weight.dtype), str(stmt.writes[0].source.dtype)) == (dot.data_dtype, dot.weight,
+                                                                                      "int32")
 
 
 def _candidate(func: tirx.PrimFunc, target: tvm.target.Target,
@@ -161,7 +171,7 @@ def _candidate(func: tirx.PrimFunc, target: tvm.target.Target,
     ``stmt`` the block's statement.
     """
     dot = dot_product(target)
-    if not _takes_int8(func) or dot is None or not is_static(func):
+    if dot is None or not _takes_int8(func, dot.weight) or not is_static(func):
         return None
     sch = s_tir.Schedule(func)
     found = [b for b in blocks(sch) if select(sch, b)]
@@ -210,7 +220,6 @@ class Int8Matmul(dlight.ScheduleRule):
         sch.transform_layout(mm, ("read", 1), lambda a, b: (b // lanes, a // unit, b % lanes, a % unit))
         sch.annotate(repack, PREPACK, True)
         if dot.widened is not None:  # both operands as the instruction reads them (exact: a zero or sign extension)
-            sch.unsafe_set_dtype(repack, 0, dot.widened)
             widened = sch.cache_read(mm, 0, "global")
             sch.unsafe_set_dtype(widened, 0, dot.widened)
             parallel_vectorized(sch, widened, 2 * LANES)
@@ -338,7 +347,6 @@ class Int8Conv2dNCHW(dlight.ScheduleRule):
             packed = sch.cache_read(conv, 0, "global")
             sch.transform_layout(packed, ("write", 0), lambda a, c, h, w: (a, c // unit, h, w, c % unit))
         if dot.widened is not None:  # both operands as the instruction reads them (exact: a zero or sign extension)
-            sch.unsafe_set_dtype(repack, 0, dot.widened)
             sch.unsafe_set_dtype(packed, 0, dot.widened)
 
         f_outer, f_vectors, f_lanes = sch.split(f, [None, vectors, lanes])
@@ -409,7 +417,6 @@ class Int8PointwiseConv2dNCHW(dlight.ScheduleRule):
         sch.transform_layout(packed, ("write", 0),
                              lambda a, c, h, w: (a, c // unit, h * width + w, c % unit))
         if dot.widened is not None:
-            sch.unsafe_set_dtype(repack, 0, dot.widened)
             sch.unsafe_set_dtype(packed, 0, dot.widened)
         writer = attach_epilogue(sch, conv, epilogue)
         sch.transform_layout(conv, ("write", 0), lambda a, o, h, w: (a, o, h * width + w))
