@@ -76,14 +76,14 @@ class DotProduct:
     max_vectors: int  # accumulators side by side along the output channels
     accumulators: int = 28  # of 32 vector registers (AVX-512, NEON), the rest for operands
     unit: int = UNIT  # bytes of the reduction an instruction adds into each lane
-    widened: str | None = None  # the dtype both operands are widened to when repacked (AVX2: int16)
+    widened: str | None = None  # the dtype the operands are held in (AVX2: int16; activations widened in the repack)
+    pixels: tuple[int, str] | None = None  # pixels as lanes (:class:`Int8PointwiseConv2dNCHW`): lanes, intrinsic
 
     @property
     def weight(self) -> str:
         """The weights' dtype in the lowered module (:func:`~forge_core.quantization.lowering.lower_to_integer`
         holds them in the widened dtype, which the weight repack, folded at compile time, keeps)."""
         return self.widened or "int8"
-    pixels: tuple[int, str] | None = None  # pixels as lanes (:class:`Int8PointwiseConv2dNCHW`): lanes, intrinsic
 
     def lanes_for(self, channels: int) -> int | None:
         return next((lanes for lanes in self.intrinsics if channels % lanes == 0), None)
@@ -219,7 +219,7 @@ class Int8Matmul(dlight.ScheduleRule):
         repack = sch.cache_read(mm, 1, "global")
         sch.transform_layout(mm, ("read", 1), lambda a, b: (b // lanes, a // unit, b % lanes, a % unit))
         sch.annotate(repack, PREPACK, True)
-        if dot.widened is not None:  # both operands as the instruction reads them (exact: a zero or sign extension)
+        if dot.widened is not None:  # the activations as the instruction reads them (a zero extension, exact)
             widened = sch.cache_read(mm, 0, "global")
             sch.unsafe_set_dtype(widened, 0, dot.widened)
             parallel_vectorized(sch, widened, 2 * LANES)
@@ -346,7 +346,7 @@ class Int8Conv2dNCHW(dlight.ScheduleRule):
         else:
             packed = sch.cache_read(conv, 0, "global")
             sch.transform_layout(packed, ("write", 0), lambda a, c, h, w: (a, c // unit, h, w, c % unit))
-        if dot.widened is not None:  # both operands as the instruction reads them (exact: a zero or sign extension)
+        if dot.widened is not None:  # the activations as the instruction reads them (a zero extension, exact)
             sch.unsafe_set_dtype(packed, 0, dot.widened)
 
         f_outer, f_vectors, f_lanes = sch.split(f, [None, vectors, lanes])
