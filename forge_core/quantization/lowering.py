@@ -418,7 +418,7 @@ def int8_lowering() -> str:
 def float_quantized(mod: tvm.IRModule, target: tvm.target.Target | None, func_name: str = "main",
                     reason: str | None = None) -> tvm.IRModule:
     """``mod`` with its QDQ operators left to compute in float, each weight dequantized once: for a CPU target
-    with no byte dot product, or where ``reason`` says it was asked; the compile log says so when the module
+    with no byte dot product and no AVX2, or where ``reason`` says it was asked; the compile log says so when the module
     holds quantized operators.
 
     The activations are still quantized and dequantized where the model says (the same numbers as the
