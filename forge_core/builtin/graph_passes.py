@@ -51,18 +51,19 @@ def lower_quantized(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:
     log says so (``float_quantized``).
     """
     from forge_core.quantization.lowering import INT8_LOWERING_ENV, float_quantized, int8_lowering, lower_to_integer
-    from forge_core.schedules.int8 import activation_dtype, dot_product
+    from forge_core.schedules.int8 import dot_product
 
     target = context.target
     choice = int8_lowering()
-    without_dot = target is not None and target.kind.name == "llvm" and dot_product(target) is None
+    found = dot_product(target) if target is not None else None
+    without_dot = target is not None and target.kind.name == "llvm" and found is None
     if choice == "float" or (choice == "auto" and without_dot):
         return float_quantized(mod, target, reason="asked" if choice == "float" else None)
     if without_dot:
         logger.info("int8: integer kernels without a byte dot product, as %s=integer asks", INT8_LOWERING_ENV)
-    found = dot_product(target) if target is not None and target.kind.name == "llvm" else None
-    weights = found.widened if found is not None and found.widened is not None else "int8"
-    return lower_to_integer(mod, data_dtype=activation_dtype(target), weight_dtype=weights)
+    if found is None:
+        return lower_to_integer(mod)
+    return lower_to_integer(mod, data_dtype=found.data_dtype, weight_dtype=found.weight)
 
 
 def decompose_for_inference(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:

@@ -75,9 +75,13 @@ class DotProduct:
     intrinsics: dict[int, str]  # int32 lanes per accumulator -> tensor intrinsic, widest first
     max_vectors: int  # accumulators side by side along the output channels
     accumulators: int = 28  # of 32 vector registers (AVX-512, NEON), the rest for operands
-    unit: int = UNIT  # bytes of the reduction an instruction adds into each lane
     widened: str | None = None  # the dtype the operands are held in (AVX2: int16; activations widened in the repack)
     pixels: tuple[int, str] | None = None  # pixels as lanes (:class:`Int8PointwiseConv2dNCHW`): lanes, intrinsic
+
+    @property
+    def unit(self) -> int:
+        """Input channels an instruction adds into each lane: 4 bytes, or 2 widened (int16) values."""
+        return 2 if self.widened is not None else UNIT
 
     @property
     def weight(self) -> str:
@@ -107,10 +111,10 @@ def dot_product(target: tvm.target.Target) -> DotProduct | None:
             return DotProduct("int8", {4: dot_intrinsics.SDOT_4x4}, 4)
         if codegen.target_has_features("avx512bw", target):  # AVX-512 without VNNI (Skylake-SP): vpmaddwd on zmm
             return DotProduct("uint8", {16: dot_intrinsics.PMADDWD_16x2, 8: dot_intrinsics.PMADDWD_8x2}, 2,
-                              unit=2, widened="int16", pixels=(16, dot_intrinsics.PMADDWD_PIXELS_16x2))
+                              widened="int16", pixels=(16, dot_intrinsics.PMADDWD_PIXELS_16x2))
         if codegen.target_has_features("avx2", target):  # no byte dot product: int16 pairs, vpmaddwd
-            return DotProduct("uint8", {8: dot_intrinsics.PMADDWD_8x2}, 2, accumulators=12, unit=2,
-                              widened="int16", pixels=(8, dot_intrinsics.PMADDWD_PIXELS_8x2))
+            return DotProduct("uint8", {8: dot_intrinsics.PMADDWD_8x2}, 2, accumulators=12, widened="int16",
+                              pixels=(8, dot_intrinsics.PMADDWD_PIXELS_8x2))
     except Exception:  # noqa: BLE001 - a target LLVM does not know
         return None
     return None
@@ -120,12 +124,6 @@ def has_vnni(target: tvm.target.Target) -> bool:
     """Whether ``target`` is an x86 CPU with VNNI (AVX-512 VNNI, or AVX-VNNI)."""
     found = dot_product(target)
     return found is not None and found.data_dtype == "uint8" and found.widened is None
-
-
-def activation_dtype(target: tvm.target.Target | None) -> str:
-    """The dtype quantized activations take in integer kernels for ``target``: int8 for Arm's ``sdot``, else uint8."""
-    found = dot_product(target) if target is not None else None
-    return found.data_dtype if found is not None else "uint8"
 
 
 def _vectors(channels: int, lanes: int, most: int) -> int:
@@ -207,12 +205,13 @@ class Int8Matmul(dlight.ScheduleRule):
         if len(rhs.shape) != 2 or [int(d) for d in rhs.shape] != [depth, cols] or lanes is None or depth % unit:
             return None
         dot_intrinsics.register()
-        vectors = _vectors(cols, lanes, dot.max_vectors)
-        # Measured with VNNI: 8 rows x 2 vectors beat 14 x 2 (operand loads); NEON's 4-lane tiles take 7 x 4.
-        mt = largest_divisor(rows, min(14 if vectors == 1 else 8 if dot.max_vectors == 2 else dot.accumulators,
-                                       dot.accumulators // vectors))
         if dot.widened is not None:
             vectors, mt = _widest_tile(dot, cols, lanes, rows, 8)
+        else:
+            vectors = _vectors(cols, lanes, dot.max_vectors)
+            # Measured with VNNI: 8 rows x 2 vectors beat 14 x 2 (operand loads); NEON's 4-lane tiles take 7 x 4.
+            mt = largest_divisor(rows, min(14 if vectors == 1 else 8 if dot.max_vectors == 2 else dot.accumulators,
+                                           dot.accumulators // vectors))
 
         inline_side_inputs(sch, mm, None)
         epilogue = split_epilogue(sch, mm)
@@ -326,11 +325,11 @@ class Int8Conv2dNCHW(dlight.ScheduleRule):
             return None
         dot_intrinsics.register()
         unit = dot.unit
-        # VNNI: two vectors of channels only on short rows (more pixels per tile on wide ones).
-        vectors = _vectors(channels_out, lanes, dot.max_vectors if lanes < 16 or width <= 7 else 1)
-        tile_x = largest_divisor(width, min(14, dot.accumulators // vectors))
         if dot.widened is not None:
             vectors, tile_x = _widest_tile(dot, channels_out, lanes, width, 14)
+        else:  # VNNI: two vectors of channels only on short rows (more pixels per tile on wide ones)
+            vectors = _vectors(channels_out, lanes, dot.max_vectors if lanes < 16 or width <= 7 else 1)
+            tile_x = largest_divisor(width, min(14, dot.accumulators // vectors))
 
         data = stmt.reads[0].source
         inline_side_inputs(sch, conv, producer(sch, conv, data))
