@@ -902,7 +902,7 @@ def test_integer_kernels_only_where_the_cpu_has_a_byte_dot_product(ort_qdq_conv_
         assert len(said) == 1 and "compute in float32" in said[0] and "-mcpu=x86-64-v3 (AVX2)" in said[0], said
 
 
-@pytest.mark.parametrize("opt_level", [1, 3])
+@pytest.mark.parametrize("opt_level", [0, 1, 2, 3, 4])
 @pytest.mark.parametrize("cpu", ["x86-64-v3", "skylake-avx512"])
 def test_an_x86_target_without_vnni_computes_quantized_models_in_integers_with_onnxruntimes_numbers(
         ort_qdq_conv_net, tmp_path, monkeypatch, caplog, opt_level, cpu):
