@@ -168,6 +168,49 @@ def test_a_depthwise_or_grouped_convolution_over_a_dynamic_size_computes_its_uns
                  [(1, 24, 24), (2, 13, 17), (1, 5, 3), (1, 1, 1), (1, 2, 40)], len(case))
 
 
+def _excitation(c_in: int, c_out: int, activation: str) -> tirx.PrimFunc:
+    """A squeeze-and-excite block's second convolution (1x1 on a 1x1 map, with a bias and an activation) fused
+    with the product scaling a map of a dynamic batch, height and width."""
+    batch, height, width = (tirx.Var(name, "int64") for name in ("batch", "height", "width"))
+    s = relax.Var("s", relax.TensorType([batch, c_in, 1, 1], "float32"))
+    w = relax.Var("w", relax.TensorType([c_out, c_in, 1, 1], "float32"))
+    b = relax.Var("b", relax.TensorType([1, c_out, 1, 1], "float32"))
+    x = relax.Var("x", relax.TensorType([batch, c_out, height, width], "float32"))
+
+    def build(bb, s, w, b, x):  # noqa: ANN001, ANN202
+        y = relax.op.add(bb.emit(relax.op.nn.conv2d(s, w)), b)
+        if activation == "hard-sigmoid":
+            y = relax.op.clip(relax.op.add(relax.op.multiply(y, relax.const(1 / 6, "float32")),
+                                           relax.const(0.5, "float32")), 0.0, 1.0)
+        elif activation == "sigmoid":
+            y = relax.op.sigmoid(y)
+        return relax.op.multiply(x, y)
+
+    return _fused([s, w, b, x], build)
+
+
+EXCITATIONS = {
+    # name: (c_in, c_out, activation)
+    "hard-sigmoid": (64, 240, "hard-sigmoid"),  # MobileNetV3's
+    "sigmoid": (16, 40, "sigmoid"),
+    "bias-only-odd-channels": (12, 20, "none"),  # no whole vector of channels on AVX-512
+}
+
+
+@pytest.mark.parametrize("unit", list(UNITS))
+@pytest.mark.parametrize("case", list(EXCITATIONS))
+def test_a_squeeze_and_excite_convolution_scaling_a_map_of_a_dynamic_size_computes_its_unscheduled_values(
+        case, unit):
+    if not runnable_here(UNITS[unit]).same_as(UNITS[unit]):
+        pytest.skip("AVX2 code runs on an x86-64 CPU with AVX2 (this host has none)")
+    func = _excitation(*EXCITATIONS[case])
+    scheduled = _schedule(func, UNITS[unit])
+    assert str(scheduled.attrs[RULE_ATTR]) == "DynamicExcitationConv2dNCHW"
+    assert "meta_schedule.layout_rewrite_preproc" in scheduled.script()  # the weights repacked at compile time
+    _check_sizes(func, scheduled, ("batch", "height", "width"), [(1, 40, 40), (2, 13, 17), (3, 1, 1)], len(case),
+                 UNITS[unit])
+
+
 def _transpose(c_in: int, c_out: int, kernel: int, stride: int, padding: int, output_padding: int,
                groups: int = 1, epilogue: bool = True, rank: int = 2) -> tirx.PrimFunc:
     batch = tirx.Var("batch", "int64")
@@ -204,6 +247,27 @@ def test_a_transposed_convolution_over_a_dynamic_size_computes_its_unscheduled_v
     assert "x_start" in scheduled.script()  # the clamped tile
     _check_sizes(func, scheduled, ("batch", "height", "width"),
                  [(1, 12, 12), (2, 7, 9), (1, 1, 1), (1, 3, 20)], len(case))
+
+
+@pytest.mark.parametrize("unit", list(UNITS))
+@pytest.mark.parametrize("case", ["to-one-channel", "grouped"])
+def test_a_transposed_convolution_to_few_channels_over_a_dynamic_size_tiles_pixels(case, unit):
+    """Fewer output channels than a vector (DBNet's 24->1 head), or groups, over a row of whole stride periods:
+    the static rule's pixel tile (channels x phases x vectors of input positions, the accumulators phase-major),
+    its last tile of a row clamped. Rows narrower than a tile (guarded), whole tiles (AVX2: 48 pixels, AVX-512:
+    128) and a clamped last tile."""
+    if not runnable_here(UNITS[unit]).same_as(UNITS[unit]):
+        pytest.skip("AVX2 code runs on an x86-64 CPU with AVX2 (this host has none)")
+    func = _transpose(*TRANSPOSES[case])
+    scheduled = _schedule(func, UNITS[unit])
+    assert str(scheduled.attrs[RULE_ATTR]) == "ConvTransposeNCHW"
+    script = scheduled.script()
+    assert "x_start" in script
+    # Phase-major accumulators: [batch, channels, rows, phase, q].
+    (local,) = {len(b.ty.shape) for b in scheduled.body.block.alloc_buffers if str(b.ty.storage_scope) == "local"}
+    assert local == 5
+    _check_sizes(func, scheduled, ("batch", "height", "width"),
+                 [(1, 3, 20), (2, 5, 24), (1, 4, 37), (1, 2, 64), (1, 5, 70), (1, 1, 1)], len(case), UNITS[unit])
 
 
 POOLS = {
@@ -299,8 +363,8 @@ def test_a_1d_transposed_convolution_over_a_dynamic_length():
     lambda: _conv(16, 32, 3, 1, True), lambda: _conv(16, 24, 1, 1, "residual"),
     lambda: _conv(16, 16, 3, 2, True, groups=16),
     lambda: _transpose(24, 24, 2, 2, 0, 0), lambda: _pool(*POOLS["max-3x3-stride-2-padded"]),
-    lambda: _reduce("mean", 2, False)],
-    ids=["conv", "pointwise", "depthwise", "transposed", "pool", "mean"])
+    lambda: _reduce("mean", 2, False), lambda: _excitation(16, 40, "hard-sigmoid")],
+    ids=["conv", "pointwise", "depthwise", "transposed", "pool", "mean", "excitation"])
 def test_verification_mode_checks_it_at_bound_sizes(make):
     before = tvm.IRModule({"main": make()})
     after = apply_rules(before, TARGET, default_rules())

@@ -27,7 +27,9 @@ Rules, most specific first:
 * :class:`DynamicPointwiseConv2dNCHW`, :class:`DynamicConv2dNCHW` and
   :class:`DynamicGroupedConv2dNCHW`: the same tiles over a dynamic height and
   width, the last tile of a row (of the fused pixel axis, for 1x1
-  convolutions) clamped to its end (:mod:`forge_core.schedules.dynamic_conv`).
+  convolutions) clamped to its end (:mod:`forge_core.schedules.dynamic_conv`);
+  :class:`DynamicExcitationConv2dNCHW`, a squeeze-and-excite 1x1 convolution
+  whose epilogue scales a map of a dynamic size.
 * :class:`FlatDepthwiseNCHW`: a quantized module's stride-1 depthwise
   convolutions with a requantizing epilogue on rows that are not whole
   vectors (7, 14, 28, 56 pixels): convolution and epilogue computed in

@@ -18,7 +18,7 @@ from forge_core.schedules.conv2d import PREPACK, Conv2dNCHW
 from forge_core.schedules.conv_nd import ConvNCX, GroupedConvNCX
 from forge_core.schedules.conv_transpose import ConvTransposeNCHW
 from forge_core.schedules.depthwise_flat import FlatDepthwiseNCHW
-from forge_core.schedules.dynamic_conv import DynamicConv2dNCHW, DynamicGroupedConv2dNCHW
+from forge_core.schedules.dynamic_conv import DynamicConv2dNCHW, DynamicExcitationConv2dNCHW, DynamicGroupedConv2dNCHW
 from forge_core.schedules.elementwise import Elementwise, Generic
 from forge_core.schedules.grouped_conv2d import GroupedConv2dNCHW
 from forge_core.schedules.int8 import Int8Conv2dNCHW, Int8Matmul, Int8PointwiseConv2dNCHW
@@ -39,7 +39,7 @@ FALLBACK_RULES = ("Generic",)
 def default_rules() -> list[dlight.ScheduleRule]:
     """Forge's CPU rules, most specific first."""
     return [Int8PointwiseConv2dNCHW(), Int8Conv2dNCHW(), Int8Matmul(), PointwiseConv2dNCHW(), Conv2dNCHW(),
-            DynamicPointwiseConv2dNCHW(), DynamicConv2dNCHW(), FlatDepthwiseNCHW(), GroupedConv2dNCHW(),
+            DynamicExcitationConv2dNCHW(), DynamicPointwiseConv2dNCHW(), DynamicConv2dNCHW(), FlatDepthwiseNCHW(), GroupedConv2dNCHW(),
             DynamicGroupedConv2dNCHW(), ConvTransposeNCHW(), ConvNCX(), GroupedConvNCX(), WindowPoolNCX(),
             DynamicWindowPoolNCX(), Matmul(),
             DynamicMatmul(), WholeTensorReduction(), PlaneReduction(), DynamicPlaneReduction(),

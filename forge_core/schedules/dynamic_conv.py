@@ -24,6 +24,8 @@ static kernel 20).
   same speed).
 * :class:`DynamicGroupedConv2dNCHW`: depthwise and grouped, one vector of a
   row's outputs a tile, (image, channel) planes in parallel.
+* :class:`DynamicExcitationConv2dNCHW`: a squeeze-and-excite 1x1 convolution
+  on a 1x1 map whose epilogue scales a map of a dynamic size.
 * Transposed convolutions: :mod:`~forge_core.schedules.conv_transpose`'s
   gather, the same clamped tile; max and average pooling:
   :class:`~forge_core.schedules.pool.DynamicWindowPoolNCX`.
@@ -44,7 +46,7 @@ from tvm.s_tir import dlight
 
 from forge_core.schedules.blocks import blocks, extent, iter_kinds, largest_divisor, producer, \
     sole_block, vector_unit
-from forge_core.schedules.conv2d import _tile_for_16_registers, tile_convolution
+from forge_core.schedules.conv2d import PREPACK, _tile_for_16_registers, tile_convolution
 from forge_core.schedules.epilogue import attach_epilogue, parallel_vectorized, schedule_padding, split_epilogue
 from forge_core.schedules.rewrite import substitute
 
@@ -78,6 +80,55 @@ class DynamicConv2dNCHW(dlight.ScheduleRule):
         if clamped is None:
             return None
         return s_tir.Schedule(clamped)
+
+
+class DynamicExcitationConv2dNCHW(dlight.ScheduleRule):
+    """A squeeze-and-excite block's 1x1 convolution on a 1x1 map, fused with the product that scales a map of a
+    dynamic size (MobileNetV3's ``x * hard_sigmoid(conv(mean(x)))`` in a detector over any image size).
+
+    The convolution is static but for the batch and the map it scales is not, so neither the per-batch-item
+    loop nor a convolution rule took it: TVM's ``dlight.cpu.Reduction`` computed it, 0.065 ms for a 64->240
+    convolution scaling 240 x 40 x 40 (AVX2, AMD EPYC Zen 4, 2 cores). Here the weights are repacked input
+    channel-major at compile time, the convolution runs vectors of output channels over the input channels, its
+    elementwise epilogue (bias, activation) stays per channel, and the scaled map runs its (image, channel)
+    planes in parallel: 0.024 ms (the static kernel: 0.026 ms).
+    """
+
+    def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:  # type: ignore[override]
+        found = sole_block(func, "conv2d_nchw", "SSSSRRR", dynamic=True)
+        if found is None:
+            return None
+        sch, conv = found
+        stmt = sch.get(conv)
+        loops = sch.get_loops(conv)
+        n, f, y, x, rc, ry, rx = loops
+        if any(extent(sch, loop) is None for loop in loops[1:]) \
+                or any(extent(sch, loop) != 1 for loop in (y, x, ry, rx)):
+            return None
+        weight = stmt.reads[-1].source
+        if not all(isinstance(d, tirx.IntImm) for d in weight.shape):
+            return None
+        all_blocks = blocks(sch)
+        tail = all_blocks[-1]
+        if sch.get(tail).same_as(stmt) \
+                or any(set(iter_kinds(sch, b)) != {"S"} for b in all_blocks if not sch.get(b).same_as(stmt)) \
+                or len(sch.get_loops(tail)) < 3 or all(extent(sch, loop) is not None for loop in sch.get_loops(tail)):
+            return None  # no map of a dynamic size scaled: another rule's (a dynamic batch: the per-item loop's)
+        pad = producer(sch, conv, stmt.reads[0].source)
+        if pad is not None:
+            sch.compute_inline(pad)
+        weight_index = len(sch.get(conv).reads) - 1
+        repack = sch.cache_read(conv, weight_index, "global")
+        sch.transform_layout(conv, ("read", weight_index), lambda o, i, h, w: (i, h, w, o))
+        sch.annotate(repack, PREPACK, True)
+        lanes = vector_unit(target).lanes(str(stmt.writes[0].source.dtype))
+        sch.reorder(n, y, x, rc, ry, rx, f)
+        if extent(sch, f) % lanes == 0:
+            sch.vectorize(sch.split(f, [None, lanes])[1])
+        sch.decompose_reduction(conv, rc)
+        tail_loops = sch.get_loops(tail)
+        sch.parallel(sch.fuse(*tail_loops[:2]))
+        return sch
 
 
 def dynamic_ungrouped_conv(func: tirx.PrimFunc) -> tuple[s_tir.Schedule, s_tir.SBlockRV] | None:

@@ -135,8 +135,14 @@ class PlaneReduction(dlight.ScheduleRule):
 
 class DynamicPlaneReduction(dlight.ScheduleRule):
     """:class:`PlaneReduction` over planes of a dynamic size (a detector's squeeze-and-excite means and global
-    pools over an image of any size): each plane reduced by :data:`MAX_CHAINS` vectors of partial results, the
-    last step guarded by the plane's size, then a horizontal reduction and the epilogue, planes in parallel.
+    pools over an image of any size): each plane reduced row by row into one vector of partial results, the
+    last vector of a row guarded by the row's width, then a horizontal reduction and the epilogue, planes in
+    parallel.
+
+    Row by row, not over the fused ``H * W`` axis: a fused index over a symbolic width is split back into
+    ``(i // width, i % width)``, which LLVM built lane by lane (a ``vinsertps`` per element). A mean over
+    40 x 80 x 80 for AVX2 (``x86-64-v3``, on an AMD EPYC Zen 4, 2 cores): 0.069 ms fused, 0.038 ms by rows
+    (the static kernel: 0.007 ms).
 
     The partial results are a stage of their own, not computed per plane under the final reduction: moved
     there (``compute_at``), their block lost the split's guard and read past the plane (a wrong mean on any
@@ -151,14 +157,15 @@ class DynamicPlaneReduction(dlight.ScheduleRule):
         sch, red, epilogue, spatial, reduce = found
         if not spatial or all(extent(sch, loop) is not None for loop in reduce):
             return None  # a static plane (of a dynamic batch): the batch loop's
-        step = MAX_CHAINS * vector_unit(target).lanes(str(sch.get(red).writes[0].source.dtype))
+        lanes = vector_unit(target).lanes(str(sch.get(red).writes[0].source.dtype))
         for block in epilogue[:-1]:
             sch.compute_inline(block)
         plane = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
-        flat = sch.fuse(*reduce) if len(reduce) > 1 else reduce[0]
-        _, partial = sch.split(flat, [None, step])
+        # Row by row, one vector of partial results along the row; see the class.
+        *rows, row = reduce
+        _, partial = sch.split(row, [None, lanes])
         rf = sch.rfactor(partial, factor_axis=len(spatial))
-        rf_plane, steps, lanes_loop = sch.get_loops(rf)
+        rf_plane, *steps, lanes_loop = sch.get_loops(rf)
         sch.vectorize(lanes_loop)
         sch.parallel(rf_plane)
         plane = sch.get_loops(red)[0]
@@ -166,5 +173,5 @@ class DynamicPlaneReduction(dlight.ScheduleRule):
             sch.reverse_compute_at(epilogue[-1], plane)
         sch.parallel(plane)
         # Loop kinds must all be set before decompose_reduction.
-        sch.decompose_reduction(rf, steps)
+        sch.decompose_reduction(rf, steps[0])
         return sch

@@ -435,7 +435,7 @@ def verified_rows(names: list[str]) -> list[dict[str, int]]:
 
 
 DYNAMIC_RULES = ("DynamicPointwiseConv2dNCHW", "DynamicConv2dNCHW", "DynamicGroupedConv2dNCHW", "ConvTransposeNCHW",
-                 "DynamicWindowPoolNCX", "DynamicMatmul", "DynamicRowReduction", "DynamicPlaneReduction")
+                 "DynamicExcitationConv2dNCHW", "DynamicWindowPoolNCX", "DynamicMatmul", "DynamicRowReduction", "DynamicPlaneReduction")
 """Rules that schedule a function over its symbolic dims (ConvTransposeNCHW: where it has some): verified with every
 dim bound to each of
 :data:`VERIFIED_DIMS`: 19, over two vectors and no multiple of one, and over every row tile of a dynamic
