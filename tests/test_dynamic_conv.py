@@ -168,6 +168,26 @@ def test_a_depthwise_or_grouped_convolution_over_a_dynamic_size_computes_its_uns
                  [(1, 24, 24), (2, 13, 17), (1, 5, 3), (1, 1, 1), (1, 2, 40)], len(case))
 
 
+@pytest.mark.parametrize("unit", list(UNITS))
+@pytest.mark.parametrize("case", ["3x3-stride-2", "5x5-stride-2", "multiplier-2", "3x3-clip"])
+def test_a_depthwise_convolution_over_a_dynamic_size_pads_its_input_a_plane_at_a_time(case, unit):
+    """The padded input written per (image, channel) plane in the planes' parallel loop, by plain loops (border
+    rows, the row's borders, a copy of the row), de-interleaved at stride 2 (``[.., row, parity, column // 2]``,
+    an odd padded width rounded up); the host's vector unit and AVX2's, at odd and tiny sizes."""
+    if not runnable_here(UNITS[unit]).same_as(UNITS[unit]):
+        pytest.skip("AVX2 code runs on an x86-64 CPU with AVX2 (this host has none)")
+    channels, multiplier, kernel, stride, epilogue, groups = GROUPED[case]
+    func = _conv(channels, channels * multiplier, kernel, stride, epilogue, groups=groups or channels,
+                 dynamic_batch=True)
+    scheduled = _schedule(func, UNITS[unit])
+    assert str(scheduled.attrs[RULE_ATTR]) == "DynamicGroupedConv2dNCHW"
+    (padded,) = [b for b in scheduled.body.block.alloc_buffers if str(b.name) == "pad_temp"]
+    assert len(padded.ty.shape) == (5 if stride == 2 else 4)
+    assert "v_image" in scheduled.script()  # the plane's block
+    _check_sizes(func, scheduled, ("batch", "height", "width"),
+                 [(1, 24, 24), (2, 13, 17), (1, 5, 3), (1, 1, 1), (1, 2, 40), (1, 9, 8)], len(case), UNITS[unit])
+
+
 def _excitation(c_in: int, c_out: int, activation: str) -> tirx.PrimFunc:
     """A squeeze-and-excite block's second convolution (1x1 on a 1x1 map, with a bias and an activation) fused
     with the product scaling a map of a dynamic batch, height and width."""

@@ -44,10 +44,11 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight
 
-from forge_core.schedules.blocks import blocks, extent, iter_kinds, largest_divisor, producer, \
+from forge_core.schedules.blocks import blocks, extent, iter_kinds, largest_divisor, name_of, producer, x_stride, \
     sole_block, vector_unit
 from forge_core.schedules.conv2d import PREPACK, _tile_for_16_registers, tile_convolution
 from forge_core.schedules.epilogue import attach_epilogue, parallel_vectorized, schedule_padding, split_epilogue
+from forge_core.schedules.plane_padding import read_padding, pad_by_planes
 from forge_core.schedules.rewrite import substitute
 
 ROW_PIXELS = 12
@@ -180,19 +181,36 @@ def tile_planes_clamped(sch: s_tir.Schedule, block: s_tir.SBlockRV, n: s_tir.Loo
                         lanes: int) -> s_tir.Schedule | None:
     """A per-plane block (depthwise convolution, pooling) over a dynamic row: (image, channel) planes in
     parallel, a tile of one vector of a row's outputs with its epilogue, the last tile of a row clamped to the
-    row's end; the padded input its own parallel stage. None when the tile cannot be clamped."""
+    row's end. A 2D block reading one input plane a plane gets its padded input a plane at a time in the plane
+    loop (:func:`~forge_core.schedules.plane_padding.pad_by_planes`, de-interleaved at stride 2); otherwise the
+    padded input is its own parallel stage. None when the tile cannot be clamped."""
     width = sch.get(block).iter_vars[2 + len(rows)].dom.extent
+    stride = x_stride(sch, block)
+    pads = [b for b in blocks(sch) if name_of(sch, b).startswith("pad_temp")]
+    # The window loops over input channels (a depthwise convolution's one) come before the spatial ones.
+    by_planes = len(rows) == 1 and len(pads) == 1 and read_padding(sch.get(pads[0])) is not None \
+        and all(extent(sch, loop) == 1 for loop in window[:len(window) - 2])
     epilogue = split_epilogue(sch, block)
     x_outer, x_inner = sch.split(x, [None, lanes])
     sch.reorder(n, c, *rows, x_outer, *window, x_inner)
     writer = attach_epilogue(sch, block, epilogue)
     sch.reverse_compute_at(writer, x_outer)
     sch.vectorize(sch.get_loops(writer)[-1])
-    sch.parallel(sch.fuse(n, c))
+    planes = sch.fuse(n, c)
+    sch.parallel(planes)
     sch.vectorize(x_inner)
     sch.decompose_reduction(block, window[0])
-    schedule_padding(sch, lanes)
-    clamped = clamp_last_tile(sch.mod["main"], sch.get(x_outer), lanes, width)
+    func, tile_loop = sch.mod["main"], sch.get(x_outer)
+    if by_planes:
+        sch.compute_at(pads[0], planes)
+        func = pad_by_planes(sch.mod["main"], stride)
+        if func is None:
+            return None
+        tile_loop = next(loop for loop in _loops(func) if loop.loop_var.same_as(tile_loop.loop_var))
+    else:
+        schedule_padding(sch, lanes)
+        func = sch.mod["main"]
+    clamped = clamp_last_tile(func, tile_loop, lanes, width)
     return None if clamped is None else s_tir.Schedule(clamped)
 
 
