@@ -293,6 +293,30 @@ def test_resize_with_axes_and_aspect_ratio_policy(policy):
     check(model, {"x": rand(1, 2, 4, 6)})
 
 
+@pytest.mark.parametrize("nearest_mode,scales,as_repeat", [
+    ("floor", [1, 1, 2, 2], True),  # PyTorch's interpolate(scale_factor=2, mode="nearest")
+    ("floor", [1, 1, 3, 2], True),
+    ("round_prefer_floor", [1, 1, 2, 1], True),  # ONNX's default rounding: the same pixels at scale 2
+    ("round_prefer_floor", [1, 1, 3, 3], False),  # not at 3: TVM's resize
+    ("round_prefer_ceil", [1, 1, 2, 2], False),
+])
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_nearest_upsampling_by_whole_scales_is_a_repeat_with_onnxruntimes_pixels(nearest_mode, scales, as_repeat,
+                                                                                  dynamic):
+    dims = ["n", 3, "h", "w"] if dynamic else [2, 3, 5, 7]
+    model = make_model(
+        [helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest",
+                          coordinate_transformation_mode="asymmetric", nearest_mode=nearest_mode)],
+        [vi("x", FLOAT, dims)], [vi("y", FLOAT, ["a", "b", "c", "d"])],
+        [numpy_helper.from_array(np.array(scales, np.float32), "scales")], opset=17)
+    ir = forge.from_onnx(model)
+    assert ("repeat" in ir.mod["main"].script()) == as_repeat
+    run = ir.get_inference_function()
+    for shape in ([(2, 3, 5, 7), (1, 3, 4, 9)] if dynamic else [(2, 3, 5, 7)]):
+        x = rand(*shape)
+        np.testing.assert_array_equal(np.asarray(run(x)), ort_run(model, {"x": x})[0])
+
+
 def test_resize_with_a_policy_tvm_cannot_express_is_refused():
     sizes = numpy_helper.from_array(np.array([7, 5], np.int64), "sizes")
     model = _one_node("Resize", [("x", FLOAT, [1, 2, 4, 6])], [("y", FLOAT, ["a", "b", "c", "d"])], opset=19,

@@ -121,8 +121,44 @@ def _check_whole_sizes(bb: relax.BlockBuilder, dims: list[Any], scales: list[flo
         f"would differ. Give sizes whose scaled extents are whole (e.g. an even height for 0.5)")))
 
 
+def _integer_upsampling(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any]) -> relax.Expr | None:
+    """Nearest-pixel upsampling by whole scales as ``repeat`` along each spatial axis, or None for any other Resize.
+
+    PyTorch exports ``interpolate(scale_factor=2, mode="nearest")`` (an FPN's upsampling) as Resize with scales
+    ``[1, 1, 2, 2]``, ``asymmetric`` coordinates and ``floor``: output pixel ``i`` reads input pixel
+    ``floor(i / s) = i // s``, which is ``repeat``. TVM's resize computes the same pixel in floating point from
+    the ratio of the sizes, per element: over a dynamic size, a division, a floor and a clamp on every element
+    of a loop it could not vectorize (DBNet's 96 x 80 x 80 upsampling for AVX2: 1.07 ms, 0.64 ms static;
+    AMD EPYC Zen 4, 2 cores). ``round_prefer_floor`` (ONNX's default) picks the same pixels at scale 2.
+    """
+    padded = list(inputs) + [None] * (4 - len(inputs))
+    scales, sizes = _values(padded[2]), _values(padded[3])
+    if attrs.get("axes") or sizes is not None or scales is None or not 3 <= len(scales) <= 5:
+        return None
+    if _attr(attrs, "mode", "nearest") != "nearest" or _attr(attrs, "coordinate_transformation_mode",
+                                                               "half_pixel") != "asymmetric":
+        return None
+    dims = static_or_symbolic_dims(inputs[0])
+    whole = [float(v) == round(float(v)) and float(v) >= 1 for v in scales]
+    if dims is None or len(dims) != len(scales) or not all(whole) or float(scales[0]) != 1 or float(scales[1]) != 1:
+        return None
+    repeats = [int(round(float(v))) for v in scales[2:]]
+    nearest_mode = _attr(attrs, "nearest_mode", "round_prefer_floor")
+    if not (nearest_mode == "floor" or (nearest_mode == "round_prefer_floor" and max(repeats) <= 2)):
+        return None
+    out = inputs[0]
+    for axis, repeat in enumerate(repeats, start=2):
+        if repeat > 1:
+            out = bb.normalize(relax.op.repeat(out, repeat, axis))
+    return out
+
+
 def resize(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], context: ConverterContext) -> relax.Expr:
-    """Resize with ``axes`` and ``keep_aspect_ratio_policy`` expanded to full-rank sizes."""
+    """Resize with ``axes`` and ``keep_aspect_ratio_policy`` expanded to full-rank sizes; nearest-pixel
+    upsampling by whole scales as ``repeat`` (:func:`_integer_upsampling`)."""
+    upsampled = _integer_upsampling(bb, inputs, attrs)
+    if upsampled is not None:
+        return upsampled
     if not attrs.get("axes"):
         _refuse_what_tvm_maps_differently(bb, inputs, attrs, context)
     policy = attrs.get("keep_aspect_ratio_policy", b"stretch")
