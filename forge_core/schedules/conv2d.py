@@ -111,7 +111,8 @@ def tile_convolution(sch: s_tir.Schedule, conv: s_tir.SBlockRV, vec: int, tile_x
     return x_outer
 
 
-def _tile_for_16_registers(channels_out: int, width: int, lanes: int, registers: int) -> tuple[int, int]:
+def _tile_for_16_registers(channels_out: int, width: int, lanes: int, registers: int,
+                           most: int | None = None) -> tuple[int, int]:
     """Output channels (1, 2 or 4 vectors) x pixels of a register tile on a 16-register unit (AVX2).
 
     The most multiply-adds per load (``nv * px / (nv + px)``: a broadcast pixel per column, a
@@ -121,6 +122,7 @@ def _tile_for_16_registers(channels_out: int, width: int, lanes: int, registers:
     4 vectors x 2 pixels, 64->64 3x3 at 28x28 2.06 -> 1.73 ms with 2 x 4; a 7-pixel row keeps 1 x 7.
     Each vector of the tile is its own register (the schedule splits the channel tile by lanes), so
     24 channels may take 3 vectors (DBNet's 96->24 3x3 at 160x160: 37.5 ms as 1 x 10, 37.1 as 3 x 4).
+    ``most`` caps the accumulators lower (the dynamic rule's tiles).
     """
     best: tuple[float, int, int, int] | None = None
     for vectors in (1, 2, 3, 4):
@@ -128,7 +130,7 @@ def _tile_for_16_registers(channels_out: int, width: int, lanes: int, registers:
             continue
         for pixels in range(1, width + 1):
             accumulators = vectors * pixels
-            if width % pixels or accumulators < 6 or accumulators > registers - 4:
+            if width % pixels or accumulators < 6 or accumulators > (most or registers - 4):
                 continue
             score = (accumulators / (vectors + pixels), accumulators, -vectors, pixels)
             if best is None or score > best:

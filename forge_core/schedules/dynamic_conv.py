@@ -70,7 +70,12 @@ class DynamicConv2dNCHW(dlight.ScheduleRule):
         dtype = str(stmt.writes[0].source.dtype)
         vec = unit.vector_factor(channels_out, dtype)
         if unit.registers <= 16 and vec == unit.lanes(dtype):
-            vec, tile_x = _tile_for_16_registers(channels_out, ROW_PIXELS, vec, unit.registers)
+            # One accumulator fewer than the static rule's tiles: over symbolic strides the tile's addresses
+            # take registers of their own, and DBNet's 96->24 3x3 convolution at 160x160 as 3 vectors x 4
+            # pixels (12 accumulators) ran 1.4-1.7x the static kernel's time for AVX2 (AMD EPYC Zen 4, 2
+            # cores); as 3 x 3 (at most 11), 1.05-1.1x; 16->32 at 160x160 1.7-1.9 -> 1.3-1.6 ms.
+            vec, tile_x = _tile_for_16_registers(channels_out, ROW_PIXELS, vec, unit.registers,
+                                                 most=unit.registers - 5)
         else:
             tile_x = largest_divisor(ROW_PIXELS, max(1, unit.accumulators // max(1, vec // unit.lanes(dtype))))
         pad = producer(sch, conv, stmt.reads[0].source)
