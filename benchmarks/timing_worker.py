@@ -3,6 +3,12 @@
     python timing_worker.py forge ARTIFACT INPUTS.npz
     python timing_worker.py onnxruntime MODEL.onnx INPUTS.npz
     python timing_worker.py torch MODEL.pt INPUTS.npz
+    python timing_worker.py forge-pair ARTIFACT_A ARTIFACT_B INPUTS.npz
+
+``forge-pair`` loads two Forge artifacts in one process (one TVM thread pool)
+and times them in interleaved rounds: their ratio holds where a machine's
+speed changes from process to process (its JSON line: each one's median over
+the rounds, and the median of the per-round ratios B / A).
 
 Prints one JSON line: median and p90 in ms, the run count, the thread count,
 and writes the first output beside the inputs (``INPUTS.npz.<engine>.npy``).
@@ -50,7 +56,45 @@ def measure(run, inputs):
     return first, np.array(times)
 
 
+PAIR_ROUNDS, PAIR_RUNS = 7, 10
+
+
+def pair_in_process(path_a, path_b, inputs_path) -> dict:
+    """Time two Forge artifacts in one fresh process, in interleaved rounds; its JSON line as a dict."""
+    import subprocess
+    from pathlib import Path
+
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "forge-pair", str(path_a), str(path_b),
+                           str(inputs_path)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"paired timing failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _pair(path_a: str, path_b: str, inputs_path: str) -> None:
+    from forge_core.runtime import Runtime
+
+    with np.load(inputs_path) as data:
+        inputs = [data[f"arr_{i}"] for i in range(len(data.files))]
+    runtimes = [Runtime(path_a), Runtime(path_b)]
+    for runtime in runtimes:
+        runtime.warm_up(WARMUP, inputs)
+    rounds: list[list[float]] = [[], []]
+    for _ in range(PAIR_ROUNDS):
+        for runtime, times in zip(runtimes, rounds):
+            started = time.perf_counter()
+            for _ in range(PAIR_RUNS):
+                runtime.infer(*inputs)
+            times.append((time.perf_counter() - started) * 1000 / PAIR_RUNS)
+    a, b = np.array(rounds[0]), np.array(rounds[1])
+    print(json.dumps({"a_ms": float(np.median(a)), "b_ms": float(np.median(b)),
+                      "ratio": float(np.median(b / a)), "rounds": PAIR_ROUNDS}))
+
+
 def main() -> None:
+    if sys.argv[1] == "forge-pair":
+        _pair(*sys.argv[2:5])
+        return
     engine, model_path, inputs_path = sys.argv[1:4]
     threads = int(os.environ.get("FORGE_NUM_THREADS") or len(os.sched_getaffinity(0)))
     extra: dict = {}
