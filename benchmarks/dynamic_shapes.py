@@ -36,7 +36,7 @@ from forge_core.runtime.cpu_features import describe_host
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from models import BertEncoder, DBNet, MobileNetV2, ResNet50, VoiceActivity, randomized  # noqa: E402
-from timing_worker import pair_in_process, run_in_process  # noqa: E402
+from timing_worker import run_in_process  # noqa: E402
 
 # name: (factory, dynamic axes per input, sizes: the first is the static one)
 MODELS = {
@@ -105,7 +105,7 @@ def main() -> None:
                         times.setdefault((engine, index), []).append(median)
             # The generic artifact against the static one in one process, interleaved: on a machine whose speed
             # changes from process to process, the per-process medians above do not compare.
-            pair = pair_in_process(work / f"{name}-static", work / f"{name}-dynamic", feeds[0])
+            pair = run_in_process("forge-pair", work / f"{name}-static", work / f"{name}-dynamic", feeds[0])
             median = {key: float(np.median(value)) for key, value in times.items()}
             for index, size in enumerate(sizes):
                 row = {"model": name, "size": list(size), "dynamic_ms": median[("dynamic", index)],

@@ -30,12 +30,13 @@ import numpy as np
 MIN_RUNS, MIN_SECONDS, WARMUP = 20, 3.0, 5
 
 
-def run_in_process(engine: str, model, inputs_path) -> dict:
-    """Time ``engine`` on ``model`` in a fresh process running this script; its JSON line as a dict."""
+def run_in_process(engine: str, *paths) -> dict:
+    """Time ``engine`` on its paths (``model, inputs``; ``forge-pair``: ``artifact_a, artifact_b, inputs``) in a
+    fresh process running this script; its JSON line as a dict."""
     import subprocess
     from pathlib import Path
 
-    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), engine, str(model), str(inputs_path)],
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), engine, *map(str, paths)],
                           capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{engine} timing failed:\n{done.stderr[-3000:]}")
@@ -57,18 +58,6 @@ def measure(run, inputs):
 
 
 PAIR_ROUNDS, PAIR_RUNS = 7, 10
-
-
-def pair_in_process(path_a, path_b, inputs_path) -> dict:
-    """Time two Forge artifacts in one fresh process, in interleaved rounds; its JSON line as a dict."""
-    import subprocess
-    from pathlib import Path
-
-    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "forge-pair", str(path_a), str(path_b),
-                           str(inputs_path)], capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"paired timing failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _pair(path_a: str, path_b: str, inputs_path: str) -> None:

@@ -195,6 +195,17 @@ def vectorize_by_registers(sch: s_tir.Schedule, loop: s_tir.LoopRV, lanes: int) 
     sch.vectorize(loop)
 
 
+def linear_terms(index, var) -> tuple[int, int] | None:
+    """``(a, b)`` when ``index`` is ``a * var + b`` with constant ``a`` and ``b``; else None."""
+    try:
+        coefficients = detect_linear_equation(index, [var])
+    except Exception:  # noqa: BLE001 - not linear
+        return None
+    if len(coefficients) != 2 or not all(isinstance(c, tirx.IntImm) for c in coefficients):
+        return None
+    return int(coefficients[0]), int(coefficients[1])
+
+
 def x_stride(sch: s_tir.Schedule, conv: s_tir.SBlockRV) -> int:
     """A convolution block's stride along the output width: the coefficient of x in its input's last index."""
     stmt = sch.get(conv)

@@ -49,9 +49,8 @@ from dataclasses import dataclass
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight
 from tvm.sym import Analyzer
-from tvm.sym.pattern import detect_linear_equation
 
-from forge_core.schedules.blocks import blocks, extent, largest_divisor, name_of, vector_unit
+from forge_core.schedules.blocks import blocks, extent, largest_divisor, linear_terms, name_of, vector_unit
 from forge_core.schedules.conv2d import PREPACK
 from forge_core.schedules.dynamic_conv import clamp_last_tile
 from forge_core.schedules.epilogue import attach_epilogue, schedule_padding, split_epilogue
@@ -91,15 +90,6 @@ class Transpose:
     def taps(self) -> tuple[int, ...]:
         """J per axis: the kernel positions of one output phase."""
         return tuple(-(-k // s) for k, s in zip(self.kernel, self.stride))
-
-
-def _linear(index, var) -> tuple[int, int] | None:
-    """``(a, b)`` when ``index`` is ``a * var + b``."""
-    try:
-        coefficients = detect_linear_equation(index, [var])
-    except Exception:  # noqa: BLE001 - not linear
-        return None
-    return (int(coefficients[0]), int(coefficients[1])) if len(coefficients) == 2 else None
 
 
 def read_transpose(func: tirx.PrimFunc) -> Transpose | None:
@@ -143,7 +133,7 @@ def read_transpose(func: tirx.PrimFunc) -> Transpose | None:
             s = 1  # one input row: every stride gives the same output
         # data_pad reads data_dilate[.., v - (K - 1 - P)]
         var = pad.iter_vars[2 + axis].var
-        offset = _linear(pad.reads[0].region[2 + axis].min, var)
+        offset = linear_terms(pad.reads[0].region[2 + axis].min, var)
         if offset is None or offset[0] != 1:
             return None
         p = kernel[axis] - 1 + offset[1]

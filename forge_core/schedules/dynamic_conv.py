@@ -205,7 +205,7 @@ def tile_planes_clamped(sch: s_tir.Schedule, block: s_tir.SBlockRV, n: s_tir.Loo
     sch.parallel(planes)
     sch.vectorize(x_inner)
     sch.decompose_reduction(block, window[0])
-    func, tile_loop = sch.mod["main"], sch.get(x_outer)
+    tile_loop = sch.get(x_outer)
     if by_planes:
         sch.compute_at(pads[0], planes)
         func = pad_by_planes(sch.mod["main"], stride)

@@ -32,23 +32,8 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.sym import Analyzer
 
-from forge_core.schedules.rewrite import alloc, dims_of, dtype_of, load, redirect_loads, substitute
-from tvm.sym.pattern import detect_linear_equation
-
-
-def _int64(value: int | tirx.PrimExpr) -> tirx.PrimExpr:
-    return tirx.IntImm("int64", value) if isinstance(value, int) else value
-
-
-def _offset(index: tirx.PrimExpr, var: tirx.Var) -> int | None:
-    """``b`` when ``index`` is ``var + b``."""
-    try:
-        coefficients = detect_linear_equation(index, [var])
-    except Exception:  # noqa: BLE001 - not linear
-        return None
-    if len(coefficients) != 2 or int(coefficients[0]) != 1 or not isinstance(coefficients[1], tirx.IntImm):
-        return None
-    return int(coefficients[1])
+from forge_core.schedules.blocks import linear_terms
+from forge_core.schedules.rewrite import alloc, const, dims_of, dtype_of, load, redirect_loads
 
 
 def read_padding(block: s_tir.SBlock) -> tuple[tirx.Buffer, tirx.Buffer, int, int, tirx.PrimExpr] | None:
@@ -70,10 +55,10 @@ def read_padding(block: s_tir.SBlock) -> tuple[tirx.Buffer, tirx.Buffer, int, in
     if not all(i.same_as(v) for i, v in zip(store.indices, variables)) \
             or not all(i.same_as(v) for i, v in zip(inside.indices[:2], variables[:2])):
         return None
-    top, left = (_offset(i, v) for i, v in zip(inside.indices[2:], variables[2:]))
-    if top is None or left is None or top > 0 or left > 0:
+    top, left = (linear_terms(i, v) for i, v in zip(inside.indices[2:], variables[2:]))
+    if top is None or left is None or top[0] != 1 or left[0] != 1 or top[1] > 0 or left[1] > 0:
         return None
-    return x, padded, -top, -left, outside
+    return x, padded, -top[1], -left[1], outside
 
 
 def _plane_block(x: tirx.Buffer, padded: tirx.Buffer, top: int, left: int, value: tirx.PrimExpr,
@@ -81,54 +66,48 @@ def _plane_block(x: tirx.Buffer, padded: tirx.Buffer, top: int, left: int, value
     """The block writing one (image, channel) plane of the padded input (iterators: the image and the channel),
     and the buffer it writes (``[n, c, H', 2, W' / 2]`` de-interleaved, else ``padded``'s shape)."""
     n, c, height_padded, width_padded = dims_of(padded)
-    _, _, height, width = (_int64(d) for d in dims_of(x))
+    _, _, height, width = (const(d) for d in dims_of(x))
     dtype = dtype_of(padded)
-    half = Analyzer().simplify((_int64(width_padded) + 1) // 2)
-    out = alloc("pad_temp", [n, c, height_padded, 2, half] if deinterleaved else [n, c, height_padded, width_padded],
+    analyzer = Analyzer()
+    # Stored column w of parity p is padded column s * w + p (s = 2 de-interleaved, else 1 with p = 0), image
+    # column s * w + p - left.
+    s = 2 if deinterleaved else 1
+    stored = analyzer.simplify((const(width_padded) + s - 1) // s)
+    out = alloc("pad_temp", [n, c, height_padded, 2, stored] if deinterleaved else [n, c, height_padded, stored],
                 dtype)
     image, channel, row = (tirx.Var(name, "int64") for name in ("v_image", "v_channel", "h"))
 
     def store(parity: int, column: tirx.PrimExpr, element: tirx.PrimExpr) -> tirx.Stmt:
-        where = [image, channel, row, _int64(parity), column] if deinterleaved else [image, channel, row, column]
+        where = [image, channel, row, const(parity), column] if deinterleaved else [image, channel, row, column]
         return tirx.BufferStore(out, element, where)
 
     def loop(begin: tirx.PrimExpr, end: tirx.PrimExpr, body) -> tirx.Stmt:  # noqa: ANN001 - body(column)
         column = tirx.Var("w", "int64")
-        return tirx.For(column, _int64(0), Analyzer().simplify(_int64(end) - _int64(begin)), tirx.ForKind.SERIAL,
-                        body(column + _int64(begin)))
+        return tirx.For(column, const(0), analyzer.simplify(const(end) - const(begin)), tirx.ForKind.SERIAL,
+                        body(column + const(begin)))
 
     def sequence(stmts: list[tirx.Stmt]) -> tirx.Stmt:
         return stmts[0] if len(stmts) == 1 else tirx.SeqStmt(stmts)
 
     border_row, image_row = [], []
-    for parity in (0, 1) if deinterleaved else (0,):
-        stored = half if deinterleaved else _int64(width_padded)
+    for parity in range(s):
+        # The stored columns whose image column is in [0, width): w in [ceil((left - p) / s), ceil((left + width - p) / s)).
+        begin = analyzer.simplify(const(left - parity + s - 1) // s)
+        end = analyzer.simplify((const(left - parity + s - 1) + width) // s)
         border_row.append(loop(0, stored, lambda w, p=parity: store(p, w, value)))
-        # Stored column w is padded column 2 * w + parity (de-interleaved) or w: image column (that) - left.
-        if deinterleaved:
-            begin = Analyzer().simplify((_int64(left) - parity + 1) // 2)
-            end = Analyzer().simplify((_int64(left) + width - parity + 1) // 2)
-
-            def image_column(w: tirx.PrimExpr, p: int = parity) -> tirx.PrimExpr:
-                return w * 2 + (p - left)
-        else:
-            begin, end = _int64(left), Analyzer().simplify(_int64(left) + width)
-
-            def image_column(w: tirx.PrimExpr, p: int = parity) -> tirx.PrimExpr:
-                return w - left
         image_row.append(loop(0, begin, lambda w, p=parity: store(p, w, value)))
-        image_row.append(loop(begin, end, lambda w, p=parity, at=image_column: store(
-            p, w, load(x, [image, channel, row - top, at(w)]))))
+        image_row.append(loop(begin, end, lambda w, p=parity: store(
+            p, w, load(x, [image, channel, row - top, w * s + (p - left)]))))
         image_row.append(loop(end, stored, lambda w, p=parity: store(p, w, value)))
-    inside = tirx.all(row >= top, row < _int64(top) + height)
-    body = tirx.For(row, _int64(0), _int64(height_padded), tirx.ForKind.SERIAL,
+    inside = tirx.all(row >= top, row < const(top) + height)
+    body = tirx.For(row, const(0), const(height_padded), tirx.ForKind.SERIAL,
                     tirx.IfThenElse(inside, sequence(image_row), sequence(border_row)))
 
     def whole(extent: tirx.PrimExpr) -> tvm.ir.Range:
-        return tvm.ir.Range.from_min_extent(_int64(0), _int64(extent))
+        return tvm.ir.Range.from_min_extent(const(0), const(extent))
 
     def one(var: tirx.Var) -> tvm.ir.Range:
-        return tvm.ir.Range.from_min_extent(var, _int64(1))
+        return tvm.ir.Range.from_min_extent(var, const(1))
 
     reads = [tirx.BufferRegion(x, [one(image), one(channel), whole(height), whole(width)])]
     writes = [tirx.BufferRegion(out, [one(image), one(channel), *(whole(d) for d in dims_of(out)[2:])])]
@@ -164,7 +143,7 @@ def pad_by_planes(func: tirx.PrimFunc, stride: int) -> tirx.PrimFunc | None:
     def reader(block: s_tir.SBlock) -> s_tir.SBlock:
         if block.same_as(old) or not any(r.source.same_as(padded) for r in block.reads):
             return block
-        whole = [tvm.ir.Range.from_min_extent(_int64(0), _int64(d)) for d in dims_of(out)[3:]]
+        whole = [tvm.ir.Range.from_min_extent(const(0), const(d)) for d in dims_of(out)[3:]]
         reads = [tirx.BufferRegion(out, [*r.region[:3], *whole]) if r.source.same_as(padded) else r
                  for r in block.reads]
         return s_tir.SBlock(block.iter_vars, reads, block.writes, block.name_hint,

@@ -162,8 +162,7 @@ class DynamicPlaneReduction(dlight.ScheduleRule):
             sch.compute_inline(block)
         plane = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
         # Row by row, one vector of partial results along the row; see the class.
-        *rows, row = reduce
-        _, partial = sch.split(row, [None, lanes])
+        _, partial = sch.split(reduce[-1], [None, lanes])
         rf = sch.rfactor(partial, factor_axis=len(spatial))
         rf_plane, *steps, lanes_loop = sch.get_loops(rf)
         sch.vectorize(lanes_loop)
