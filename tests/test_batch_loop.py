@@ -135,8 +135,46 @@ def test_a_kernel_whose_items_are_not_independent_is_left_to_the_symbolic_path()
         x = te.placeholder((n, 6), "float32", name="x")
         return [x, te.compute((1, 6), lambda i, j: x[i, j], name="y")]
 
-    for build in (transposed, summed, first_item, shifted, two_dims, flattened, first_slice):
+    def indexed(n):  # the item's index is a value computed (arange, and x * arange once fused)
+        x = te.placeholder((n,), "float32", name="x")
+        return [x, te.compute((n,), lambda i: x[i] * i.astype("float32"), name="y")]
+
+    def masked(n):  # a triangular mask over the item axis
+        x = te.placeholder((n, 6), "float32", name="x")
+        return [x, te.compute((n, 6), lambda i, j: tirx.Select(j > i, x[i, j], 0.0), name="y")]
+
+    for build in (transposed, summed, first_item, shifted, two_dims, flattened, first_slice, indexed, masked):
         _declined(build)
+
+
+def test_a_range_over_a_dynamic_dim_computes_each_index_compiled_and_in_the_inference_function():
+    """Range(0, n) times x over a 1D dynamic input: the kernel's item index is a value, so a loop over items
+    computed 0 for every item (a wrong number, compiled and in the inference function) until batch_var
+    checked for it."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto
+    from onnx import helper as oh
+
+    import forge
+    from forge_core.compiler.compile import compile_to_function
+
+    nodes = [oh.make_node("Shape", ["x"], ["s"]), oh.make_node("Squeeze", ["s"], ["n"]),
+             oh.make_node("Range", ["zero", "n", "one"], ["r"]),
+             oh.make_node("Cast", ["r"], ["rf"], to=TensorProto.FLOAT), oh.make_node("Mul", ["x", "rf"], ["y"])]
+    graph = oh.make_graph(nodes, "range", [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+                          [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])],
+                          [oh.make_tensor("zero", TensorProto.INT64, [], [0]),
+                           oh.make_tensor("one", TensorProto.INT64, [], [1])])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    ir = forge.from_onnx(model)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for size in (1, 7, 40):
+        x = np.random.default_rng(size).standard_normal(size).astype(np.float32)
+        want = session.run(None, {"x": x})[0]
+        np.testing.assert_allclose(compile_to_function(ir)(x), want, rtol=1e-6)
+        np.testing.assert_allclose(ir.get_inference_function()(x), want, rtol=1e-6)
 
 
 def test_a_static_kernel_has_no_batch():

@@ -233,7 +233,13 @@ def test_a_kernel_whose_rows_are_not_independent_is_left_to_the_symbolic_path():
         x = te.placeholder((b, s, 6), "float32", name="x")
         return [x, te.compute((b, 6, s), lambda i, c, j: x[i, j, c], name="t")]
 
-    for build in (attention_scores, summed, previous_row, position_as_value, position_table, transposed):
+    def one_dim_twice(b, s):  # [s, s]: T5's relative position buckets read from a table (a take)
+        buckets = te.placeholder((s, s), "int64", name="buckets")
+        table = te.placeholder((8, 4), "float32", name="table")
+        return [buckets, table, te.compute((s, s, 4), lambda i, j, h: table[buckets[i, j], h], name="bias")]
+
+    for build in (attention_scores, summed, previous_row, position_as_value, position_table, transposed,
+                  one_dim_twice):
         _declined(build)
 
 

@@ -85,10 +85,11 @@ def batch_var(func: tirx.PrimFunc) -> tirx.Var | None:
         batched.append(buffer)
     ok = True
 
-    def check_block(block: s_tir.SBlock) -> s_tir.SBlock:
+    def check_block(realize: s_tir.SBlockRealize) -> s_tir.SBlockRealize:
         nonlocal ok
+        block = realize.block
         if not ok or block.name_hint == "root":
-            return block
+            return realize
         regions = [*block.reads, *block.writes]
         touched = [r for r in regions if any(r.source.same_as(b) for b in batched)]
         spatial = {iv.var.__chandle__(): iv for iv in block.iter_vars}
@@ -98,14 +99,18 @@ def batch_var(func: tirx.PrimFunc) -> tirx.Var | None:
             if not (isinstance(axis0.extent, (int, tirx.IntImm)) and int(axis0.extent) == 1
                     and isinstance(axis0.min, tirx.Var) and axis0.min.__chandle__() in spatial):
                 ok = False
-                return block
+                return realize
             items.add(axis0.min.__chandle__())
         if len(items) > 1:
             ok = False
-            return block
+            return realize
         if touched and any(not any(r.source.same_as(b) for b in batched) for r in block.writes):
             ok = False  # a batched stage writing an unbatched buffer: the items would overwrite each other
-            return block
+            return realize
+        if items and not only_as_leading_indices(realize, batched, 1,
+                                                 [iv.var for iv in block.iter_vars if iv.var.__chandle__() in items]):
+            ok = False  # the item's index is a value the block computes (arange): each item would compute item 0
+            return realize
         for iv in block.iter_vars:
             extent = iv.dom.extent
             is_item = iv.var.__chandle__() in items
@@ -116,16 +121,46 @@ def batch_var(func: tirx.PrimFunc) -> tirx.Var | None:
             if not (is_item and isinstance(extent, tirx.Var) and extent.same_as(batch)
                     and _is_static([iv.dom.min]) and int(iv.dom.min) == 0 and iv.iter_type == tirx.IterVar.DataPar):
                 ok = False
-                return block
-        return block
+                return realize
+        return realize
 
-    tvm_ffi.structural_map(func.body, [(s_tir.SBlock, check_block)])
+    tvm_ffi.structural_map(func.body, [(s_tir.SBlockRealize, check_block)])
     if not ok:
         return None
     bound = _bound_vars(func.body)
     if any(not v.same_as(batch) for v in _symbolic_vars(func.body) if v.__chandle__() not in bound):
         return None
     return batch
+
+
+def only_as_leading_indices(realize: s_tir.SBlockRealize, batched: list[object], rank: int,
+                            row_vars: list[tirx.Var]) -> bool:
+    """Whether the row (or batch item) iterators occur in the block only as the leading ``rank`` indices of
+    batched buffers: not in a value it computes (``arange``'s ``T[i] = i``, a triangular mask), which a loop over
+    items or rows would compute as if every item were the first."""
+    zero = {v.__chandle__(): tirx.IntImm(str(v.ty), 0) for v in row_vars}
+
+    def strip_load(load):  # noqa: ANN001, ANN202 - a TensorLoad
+        if not _contains(batched, load.source):
+            return load
+        indices = [zero.get(i.__chandle__(), i) if axis < rank and isinstance(i, tirx.Var) else i
+                   for axis, i in enumerate(load.indices)]
+        return tirx.BufferLoad(load.source, indices)
+
+    def strip_store(store):  # noqa: ANN001, ANN202 - a BufferStore
+        if not _contains(batched, store.buffer):
+            return store
+        indices = [zero.get(i.__chandle__(), i) if axis < rank and isinstance(i, tirx.Var) else i
+                   for axis, i in enumerate(store.indices)]
+        return tirx.BufferStore(store.buffer, store.value, indices)
+
+    block = realize.block
+    parts = [block.body, *([block.init] if block.init is not None else [])]
+    stripped = [tvm_ffi.structural_map(p, [(tvm.ir.expr.TensorLoad, strip_load), (tirx.BufferStore, strip_store)])
+                for p in parts]
+    seen = {v.__chandle__() for p in stripped for v in _symbolic_vars(p)}
+    seen |= {v.__chandle__() for v in _symbolic_vars(realize.predicate)}
+    return not any(v.__chandle__() in seen for v in row_vars)
 
 
 def _bound_vars(body: tirx.Stmt) -> set[int]:

@@ -34,6 +34,7 @@ from tvm import s_tir, tirx
 from tvm.sym import Analyzer
 
 from forge_core.schedules.batch_loop import (_bound_vars, _contains, _is_static, _needs_alignment, _symbolic_vars,
+                                              only_as_leading_indices,
                                              _touched, split_stages)
 from forge_core.schedules.rewrite import substitute
 
@@ -100,6 +101,10 @@ def row_prefix(func: tirx.PrimFunc) -> list[object] | None:
     if prefix is None or not any(isinstance(d, tirx.Var) for d in prefix):
         return None
     variables = [i for i, d in enumerate(prefix) if isinstance(d, tirx.Var)]
+    if len({prefix[i].__chandle__() for i in variables}) != len(variables):
+        # One dim twice, [s, s] (T5's relative positions): binding it to a block's rows binds both axes, and a
+        # block of 16 rows would be read as 16 x 16 (past the buffer's end).
+        return None
     ok = True
 
     def check(realize: s_tir.SBlockRealize) -> s_tir.SBlockRealize:
@@ -141,7 +146,7 @@ def row_prefix(func: tirx.PrimFunc) -> list[object] | None:
             ok = False  # one iterator for two dims: a diagonal
             return realize
         row_vars = list(rows.values())
-        if row_vars and not _only_as_row_indices(realize, batched, len(prefix), row_vars):
+        if row_vars and not only_as_leading_indices(realize, batched, len(prefix), row_vars):
             ok = False
             return realize
         return realize
@@ -182,34 +187,6 @@ def _reads_then_overwrites(func: tirx.PrimFunc, batched: list[object]) -> bool:
 
     tvm_ffi.structural_map(func.body, [(s_tir.SBlock, visit)])
     return any(_contains(read_first, b) for b in written)
-
-
-def _only_as_row_indices(realize: s_tir.SBlockRealize, batched: list[object], rank: int,
-                         row_vars: list[tirx.Var]) -> bool:
-    """Whether the row iterators occur in the block only as the leading indices of batched buffers."""
-    zero = {v.__chandle__(): tirx.IntImm(str(v.ty), 0) for v in row_vars}
-
-    def strip_load(load):  # noqa: ANN001, ANN202 - a TensorLoad
-        if not _contains(batched, load.source):
-            return load
-        indices = [zero.get(i.__chandle__(), i) if axis < rank and isinstance(i, tirx.Var) else i
-                   for axis, i in enumerate(load.indices)]
-        return tirx.BufferLoad(load.source, indices)
-
-    def strip_store(store):  # noqa: ANN001, ANN202 - a BufferStore
-        if not _contains(batched, store.buffer):
-            return store
-        indices = [zero.get(i.__chandle__(), i) if axis < rank and isinstance(i, tirx.Var) else i
-                   for axis, i in enumerate(store.indices)]
-        return tirx.BufferStore(store.buffer, store.value, indices)
-
-    block = realize.block
-    parts = [block.body, *([block.init] if block.init is not None else [])]
-    stripped = [tvm_ffi.structural_map(p, [(tvm.ir.expr.TensorLoad, strip_load), (tirx.BufferStore, strip_store)])
-                for p in parts]
-    seen = {v.__chandle__() for p in stripped for v in _symbolic_vars(p)}
-    seen |= {v.__chandle__() for v in _symbolic_vars(realize.predicate)}
-    return not any(v.__chandle__() in seen for v in row_vars)
 
 
 def bind_rows(func: tirx.PrimFunc, sizes: dict[str, int]) -> dict[object, object]:
