@@ -232,6 +232,36 @@ class DBNet(nn.Module):
         return self.head(fused)
 
 
+class UNet(nn.Module):
+    """A segmentation U-Net (Ronneberger et al. 2015) as a binary-mask model ships: four levels of two 3x3
+    convolutions with batch norm and ReLU6 (this file's unit), ``width`` to ``8 * width`` channels, max pooling down, 2x2
+    ConvTranspose up, skip concatenations, a 1x1 convolution and a sigmoid."""
+
+    def __init__(self, width: int = 16, classes: int = 2) -> None:
+        super().__init__()
+
+        def block(cin: int, cout: int) -> nn.Sequential:
+            return nn.Sequential(_conv_bn(cin, cout, 3, 1), _conv_bn(cout, cout, 3, 1))
+
+        w = width
+        self.down = nn.ModuleList([block(3, w), block(w, 2 * w), block(2 * w, 4 * w), block(4 * w, 8 * w)])
+        self.up = nn.ModuleList(nn.ConvTranspose2d(c, c // 2, 2, 2) for c in (8 * w, 4 * w, 2 * w))
+        self.merge = nn.ModuleList([block(8 * w, 4 * w), block(4 * w, 2 * w), block(2 * w, w)])
+        self.head = nn.Conv2d(w, classes, 1)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        skips = []
+        x = image
+        for level, block in enumerate(self.down):
+            x = block(x)
+            if level < 3:
+                skips.append(x)
+                x = nn.functional.max_pool2d(x, 2)
+        for up, merge in zip(self.up, self.merge):
+            x = merge(torch.cat([up(x), skips.pop()], 1))
+        return torch.sigmoid(self.head(x))
+
+
 class VoiceActivity(nn.Module):
     """A voice-activity detector in the style of Silero VAD: conv1d over each frame's samples, LSTM over frames.
 

@@ -419,7 +419,10 @@ class IRModule(SignatureSurface):
         """Get a Python callable that emulates the model's inference.
 
         This is for debugging and validating accuracy; it is not an optimized
-        compilation and should not be used to measure latency. The callable
+        compilation and should not be used to measure latency. Its kernels
+        run in parallel and in vectors, but compute each output in the order
+        of TVM's plain loops, with no fast-math and no layout change, so its
+        numbers are the reference's. The callable
         takes numpy arrays positionally, ``func(input0, input1, ...)``, and
         returns a numpy array, or a list of arrays when the model has several
         outputs. Wrong input counts, shapes or dtypes raise
