@@ -197,6 +197,22 @@ def _helper_models() -> dict[str, onnx.ModelProto]:
     ], [_vi("x", f, [1, 2, 5, 5])], [_vi("y", f, [1, 4, 5, 6])],
         [_init(rng, "w", (4, 2, 3, 3)), _init(rng, "b", (4,)), _init(rng, "m", (6, 5))],
         domains={"com.microsoft": 1})
+    # onnxruntime's transformer optimizer's operators (converters/microsoft_bert.py).
+    hidden = 8
+    models["bert_contrib"] = _model("bert_contrib", [
+        helper.make_node("EmbedLayerNormalization", ["ids", "", "words", "positions", "", "gamma", "beta", "mask"],
+                         ["embedded", "mask_index"], "embed", domain="com.microsoft", epsilon=1e-5),
+        helper.make_node("Attention", ["embedded", "qkv", "qkv_bias", "mask_index"], ["attended"], "attention",
+                         domain="com.microsoft", num_heads=2),
+        helper.make_node("SkipLayerNormalization", ["attended", "embedded", "gamma", "beta", "skip_bias"],
+                         ["normed"], "skip_norm", domain="com.microsoft", epsilon=1e-5),
+        helper.make_node("FastGelu", ["normed", "gelu_bias"], ["y"], "fast_gelu", domain="com.microsoft"),
+    ], [_vi("ids", TensorProto.INT32, [2, 5]), _vi("mask", TensorProto.INT32, [2, 5])], [_vi("y", f, [2, 5, hidden])],
+        [_init(rng, "words", (11, hidden)), _init(rng, "positions", (6, hidden)),
+         numpy_helper.from_array((np.abs(rng.standard_normal(hidden)) + 0.5).astype(np.float32), "gamma"),
+         _init(rng, "beta", (hidden,)), _init(rng, "qkv", (hidden, 3 * hidden)), _init(rng, "qkv_bias", (3 * hidden,)),
+         _init(rng, "skip_bias", (hidden,)), _init(rng, "gelu_bias", (hidden,))],
+        domains={"com.microsoft": 1})
     return models
 
 

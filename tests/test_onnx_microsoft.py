@@ -219,3 +219,34 @@ def test_dynamic_quantize_lstm_computes_the_lstm_of_its_int8_weights(tmp_path, d
                 np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5 * scale)
                 # As close to the float model as onnxruntime's own kernel, or within the weights' quantization error.
                 assert np.abs(g - o).max() <= max(float(np.abs(t - o).max()), 0.03 * scale)
+
+
+@pytest.mark.parametrize(("dtype", "axis"), [(TensorProto.UINT8, None), (TensorProto.INT8, None),
+                                             (TensorProto.INT8, 1), (TensorProto.UINT16, None),
+                                             (TensorProto.INT16, 1)])
+def test_quantize_and_dequantize_linear_of_the_contrib_domain(dtype, axis):
+    """com.microsoft QuantizeLinear/DequantizeLinear (onnxruntime's quantizer writes them for 16-bit types and
+    with ``UseQDQContribOps``): per tensor and per channel, round trip and the quantized values themselves."""
+    numpy_type = {TensorProto.UINT8: np.uint8, TensorProto.INT8: np.int8, TensorProto.UINT16: np.uint16,
+                  TensorProto.INT16: np.int16}[dtype]
+    channels = 4
+    if axis is None:
+        scale, zero = np.array(0.02, np.float32), np.array(3 if dtype in (TensorProto.UINT8, TensorProto.UINT16)
+                                                           else -2, numpy_type)
+    else:
+        scale = (RNG.random(channels) * 0.05 + 0.01).astype(np.float32)
+        zero = RNG.integers(-3, 4, channels).astype(numpy_type)
+    inits = [nh.from_array(scale, "scale"), nh.from_array(zero, "zero")]
+    extra = {"axis": axis} if axis is not None else {}
+    nodes = [oh.make_node("QuantizeLinear", ["x", "scale", "zero"], ["q"], domain="com.microsoft", **extra),
+             oh.make_node("DequantizeLinear", ["q", "scale", "zero"], ["y"], domain="com.microsoft", **extra)]
+    x = (RNG.standard_normal((2, channels, 5)) * 2).astype(np.float32)
+    graph = oh.make_graph(nodes, "qdq", [VI("x", TensorProto.FLOAT, [2, channels, 5])],
+                          [VI("q", dtype, [2, channels, 5]), VI("y", TensorProto.FLOAT, [2, channels, 5])],
+                          initializer=inits)
+    model = oh.make_model(graph, opset_imports=OPSETS, ir_version=8)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    got = forge.from_onnx(model).get_inference_function()(x)
+    assert got[0].dtype == want[0].dtype
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-6, atol=1e-6)

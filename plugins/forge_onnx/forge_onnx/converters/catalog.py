@@ -12,6 +12,7 @@ from forge_onnx.converters import (
     elementwise,
     losses,
     microsoft,
+    microsoft_bert,
     ml,
     normalization,
     quantized,
@@ -42,7 +43,7 @@ def all_converters() -> dict[tuple[str, str], Callable[..., Any]]:
     for module in MODULES:
         for op_type, convert in module.CONVERTERS.items():
             add("", op_type, convert)
-    for op_type, convert in microsoft.CONVERTERS.items():
+    for op_type, convert in {**microsoft.CONVERTERS, **microsoft_bert.CONVERTERS}.items():
         add(microsoft.DOMAIN, op_type, convert)
     for op_type, convert in ml.CONVERTERS.items():
         add(ml.DOMAIN, op_type, convert)

@@ -4,9 +4,9 @@ A model saved after onnxruntime's optimizations (``SessionOptions.optimized_mode
 optimizer) holds fused operators of its contrib domain: a convolution with its activation (``FusedConv``), a
 matmul with its transposes and scale (``FusedMatMul``), ``QuickGelu``, and the RMS norms of
 decoder models (``SkipSimplifiedLayerNormalization``; ``SimplifiedLayerNormalization`` is registered by
-onnxruntime in ONNX's default domain), and ``DynamicQuantizeLSTM``, which its ``quantize_dynamic`` writes. Each is the composition onnxruntime's CPU kernel computes; other
-contrib operators that share a name with one of TVM's converters (``Gelu``, ``FastGelu``, ``BiasGelu``,
-``SkipLayerNormalization``, ``Attention``) keep TVM's.
+onnxruntime in ONNX's default domain), and ``DynamicQuantizeLSTM``, which its ``quantize_dynamic`` writes. Each is the composition onnxruntime's CPU kernel computes. The transformer
+optimizer's ``Attention``, ``EmbedLayerNormalization`` and ``SkipLayerNormalization`` are in
+``microsoft_bert.py``; ``Gelu``, ``FastGelu`` and ``BiasGelu`` keep TVM's converters, which take dynamic dims.
 """
 
 from __future__ import annotations
