@@ -11,7 +11,7 @@ import re
 import tempfile
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +27,10 @@ from forge_core.ir.naming import with_output_names
 from forge_core.ir.weights import lift_weights
 from forge_core.plugin_manager import get_plugin_manager
 from forge_core.quantization.held_weights import is_dequantized_constant
+from forge_core.runtime.signature import RUN_TIME_CHECK
 from forge_onnx import graph_rewrites, validation
 from forge_onnx.constant_folding import fold_if_constant, scalar_float_constant, static_shape_constant
-from forge_onnx.converters import ConverterContext
+from forge_onnx.converters import ConverterContext, constant_value
 from forge_onnx.import_passes import build_ir_module
 from forge_onnx.model_file import describe_source, read_model
 from forge_onnx.operand_dims import match_operand_dims
@@ -64,6 +65,15 @@ class _OneNode:
         self.node = [node]
 
 
+class _LazyBranch:
+    """An If branch for TVM's subgraph loop, its nodes produced as the loop reaches them (``_expanded``)."""
+
+    def __init__(self, graph: onnx.GraphProto, nodes: Iterator[onnx.NodeProto]) -> None:
+        self.name, self.input, self.output, self.initializer = graph.name, graph.input, graph.output, \
+            graph.initializer
+        self.node = nodes
+
+
 def _is_shape_value(value: Any) -> bool:
     return isinstance(value, relax.Expr) and isinstance(getattr(value, "ty", None), relax.ShapeType)
 
@@ -84,6 +94,8 @@ class _ForgeImporter(ONNXGraphImporter):
         self._domains = domains
         self._branch_conditions: dict[tuple[str, ...], tuple[str, bool]] = {}
         self._branch_stack: list[relax.Expr | None] = []
+        self._branch_siblings: dict[tuple[str, ...], tuple[str, onnx.GraphProto]] = {}
+        self._branch_depth_failing = False
 
     def _parse_attr(self, attr_proto: Any) -> dict[str, Any]:
         """TVM's attribute parsing, plus sparse tensors and empty lists (which it rejects)."""
@@ -95,10 +107,42 @@ class _ForgeImporter(ONNXGraphImporter):
     def _check_for_unsupported_ops(self, graph: Any) -> None:
         """Forge checked already (operator_support.check_operators), counting registered converters."""
 
+    def _expanded(self, nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.NodeProto]:
+        """``nodes``, each If whose condition is a constant by the time it is reached replaced by the nodes of
+        the branch it takes (its initializers as Constant nodes, its outputs bound by Identity nodes).
+
+        Exporters trace Python ``if``s on shapes into If nodes: Silero VAD's decoder squeezes its last axis
+        ``if x.shape[-1] == 1``, so its branches give tensors of different ranks. TVM's importer keeps both
+        and types the result with an unknown rank, which the next Unsqueeze refused. Where the shapes are
+        static, the condition folds to a constant as it converts (Shape of a static tensor is one), and the
+        branch not taken is dropped here. A condition known only at run time stays an If.
+        """
+        for node in nodes:
+            branch = self._taken_branch(node)
+            if branch is None:
+                self._register_branches(node)
+                yield node
+                continue
+            logger.debug("If %r: its condition is known at import; the %s is taken", node.name, branch.name)
+            for init in branch.initializer:
+                yield onnx.helper.make_node("Constant", [], [init.name], name=f"{node.name}/{init.name}", value=init)
+            yield from self._expanded(branch.node)
+            for index, (inner, outer) in enumerate(zip(branch.output, node.output, strict=True)):
+                yield onnx.helper.make_node("Identity", [inner.name], [outer], name=f"{node.name}/taken_{index}")
+
+    def _taken_branch(self, node: onnx.NodeProto) -> onnx.GraphProto | None:
+        """The branch an If takes when its condition is a constant already; else None."""
+        if node.op_type != "If" or not node.input:
+            return None
+        cond = constant_value(self._nodes.get(node.input[0]))
+        if cond is None or np.asarray(cond).size != 1:
+            return None
+        wanted = "then_branch" if bool(np.asarray(cond).reshape(-1)[0]) else "else_branch"
+        return next((attr.g for attr in node.attribute if attr.name == wanted), None)
+
     def _construct_nodes(self, graph: Any) -> None:
         """TVM's node loop, one node at a time, each seeing shape values as tensors where it needs them."""
-        for node in graph.node:
-            self._register_branches(node)
+        for node in self._expanded(graph.node):
             replaced: dict[str, Any] = {}
             if node.op_type not in _SHAPE_OPERAND_OPS:
                 for name in node.input:
@@ -127,26 +171,60 @@ class _ForgeImporter(ONNXGraphImporter):
         that checks a value at run time must then check it only when its branch is taken.
         """
         taken = self._branch_conditions.get(_branch_key(graph))
+        cond = None
         if taken is not None:
             cond_name, is_then = taken
             cond = self._nodes.get(cond_name)
             if cond is not None:
+                if not (isinstance(cond.ty, relax.TensorType) and cond.ty.ndim == 0):
+                    cond = bb.emit(relax.op.reshape(cond, []))  # ONNX allows a one-element tensor, e.g. [1]
                 cond = cond if is_then else bb.emit(relax.op.logical_not(cond))
             self._branch_stack.append(cond)
-        for node in graph.node:  # nested Ifs
-            self._register_branches(node)
         try:
-            return super()._convert_subgraph(bb, graph)
+            return super()._convert_subgraph(bb, _LazyBranch(graph, self._expanded(graph.node)))
+        except (ModelImportError, OperatorConversionError) as exc:
+            if taken is None or cond is None or self._branch_depth_failing:
+                raise
+            return self._failing_branch(bb, graph, exc)
         finally:
             if taken is not None:
                 self._branch_stack.pop()
 
+    def _failing_branch(self, bb: relax.BlockBuilder, graph: Any, error: Exception) -> Any:
+        """A branch that cannot convert with the model's shapes (the one for the other sample rate of a Silero
+        VAD, given 576 samples): an error when the model takes it at run time, and meanwhile the other branch's
+        values as zeros, so that the If has that branch's types. onnxruntime, which runs the taken branch
+        only, fails the same way when the model takes it."""
+        node, sibling = self._branch_siblings[_branch_key(graph)]
+        self._branch_depth_failing = True
+        try:
+            other = self._convert_subgraph(bb, sibling)  # TVM converts it (again) next: the unused copy is dropped
+        except Exception:  # noqa: BLE001 - neither branch converts: the first error is the model's
+            raise error from None
+        finally:
+            self._branch_depth_failing = False
+        fields = [other] if not isinstance(other.ty, relax.TupleType) else \
+            [bb.emit(relax.TupleGetItem(other, i)) for i in range(len(other.ty.fields))]
+        if not all(isinstance(f.ty, relax.TensorType) for f in fields):
+            raise error
+        message = str(error).splitlines()[0]
+        fine = bb.emit(relax.op.logical_not(self.branch_taken()))
+        bb.emit(relax.op.assert_op(fine, [], f"{RUN_TIME_CHECK}If {node!r}: the model takes its branch "
+                                             f"{graph.name!r}, which cannot run with these input shapes: {message}"))
+        zeros = [bb.emit(relax.op.zeros_like(f)) for f in fields]
+        logger.warning("If %r: its branch %r cannot run with these input shapes (%s); it raises an error if the "
+                       "model takes it at run time", node, graph.name, message)
+        return zeros[0] if len(zeros) == 1 and not isinstance(other.ty, relax.TupleType) else relax.Tuple(zeros)
+
     def _register_branches(self, node: onnx.NodeProto) -> None:
         if node.op_type != "If":
             return
-        for attr in node.attribute:
-            if attr.name in ("then_branch", "else_branch"):
-                self._branch_conditions[_branch_key(attr.g)] = (node.input[0], attr.name == "then_branch")
+        branches = {attr.name: attr.g for attr in node.attribute if attr.name in ("then_branch", "else_branch")}
+        for name, graph in branches.items():
+            self._branch_conditions[_branch_key(graph)] = (node.input[0], name == "then_branch")
+            other = branches.get("else_branch" if name == "then_branch" else "then_branch")
+            if other is not None:
+                self._branch_siblings[_branch_key(graph)] = (node.name, other)
 
     def branch_taken(self) -> relax.Expr | None:
         """None outside If branches; in one, a bool scalar tensor true when the branch being converted runs (true

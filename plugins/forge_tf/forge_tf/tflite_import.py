@@ -145,6 +145,10 @@ class ForgeOperatorConverter(SymbolicShapes, OperatorConverter):
         tensor = tensor_wrapper.tensor
         if isinstance(tensor, FloatView) and not is_sparse:
             return dequantized(self.model, tensor._tensor)
+        if self.is_prefetched(tensor_wrapper.tensor_idx):
+            # A DENSIFY's dense weights (computed at import), read by a DEQUANTIZE of float16 weights: MediaPipe's
+            # sparse float16 detectors (face_detection_full_range_sparse, pose_detection).
+            return self.get_prefetched_node(tensor_wrapper.tensor_idx)
         if tensor_wrapper.buffer.DataLength() == 0 and tensor.ShapeLength() \
                 and int(np.prod(tensor.ShapeAsNumpy())) > 0:
             raise tvm.error.OpNotImplemented(

@@ -1,0 +1,116 @@
+"""ONNX ``If`` as exporters write it (forge_onnx/loader.py: ``_expanded``, ``_failing_branch``), against
+onnxruntime: a condition on shapes, known at import once the shapes are given, selects its branch there (the
+two branches of Silero VAD's decoder differ in rank); a branch that cannot run with the given shapes (Silero's
+other sample rate) raises when the model takes it, and the model runs through the other."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto
+from onnx import helper as oh
+
+import forge
+
+
+def _squeeze_if_one() -> onnx.ModelProto:
+    """Silero VAD's decoder pattern, as its TorchScript export writes it: a convolution over the audio, then
+    ``if x.shape[-1] == 1: x = x.squeeze(-1)`` (``Shape -> Gather -> Equal -> If``), whose branches differ in
+    rank, then an ``Unsqueeze`` (which needs the rank) and a reduction."""
+    f = TensorProto.FLOAT
+    rng = np.random.default_rng(0)
+    then_branch = oh.make_graph([oh.make_node("Squeeze", ["act", "last"], ["squeezed"], name="squeeze")], "one_frame",
+                                [], [oh.make_tensor_value_info("squeezed", f, ["b", 8])])
+    else_branch = oh.make_graph([oh.make_node("Identity", ["act"], ["kept"], name="keep")], "frames", [],
+                                [oh.make_tensor_value_info("kept", f, ["b", 8, "frames"])])
+    nodes = [
+        oh.make_node("Unsqueeze", ["audio", "one_axis"], ["wave"], name="as_channel"),
+        oh.make_node("Conv", ["wave", "w", "bias"], ["conv"], name="conv", strides=[32]),
+        oh.make_node("Relu", ["conv"], ["act"], name="relu"),
+        oh.make_node("Shape", ["act"], ["shape"], name="shape"),
+        oh.make_node("Gather", ["shape", "last"], ["length"], name="length", axis=0),
+        oh.make_node("Equal", ["length", "one"], ["single"], name="single"),
+        oh.make_node("If", ["single"], ["decoded"], name="squeeze_if_one", then_branch=then_branch,
+                     else_branch=else_branch),
+        oh.make_node("Unsqueeze", ["decoded", "one_axis"], ["expanded"], name="expand"),
+        oh.make_node("Tanh", ["expanded"], ["y"], name="tanh"),
+    ]
+    inits = [oh.make_tensor("w", f, [8, 1, 64], rng.standard_normal(512).astype(np.float32) * 0.2),
+             oh.make_tensor("bias", f, [8], rng.standard_normal(8).astype(np.float32) * 0.1),
+             oh.make_tensor("one_axis", TensorProto.INT64, [1], [1]), oh.make_tensor("last", TensorProto.INT64, [1], [-1]),
+             oh.make_tensor("one", TensorProto.INT64, [1], [1])]
+    graph = oh.make_graph(nodes, "squeeze_if_one", [oh.make_tensor_value_info("audio", f, ["b", "samples"])],
+                          [oh.make_tensor_value_info("y", f, None)], inits)
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+    return model
+
+
+@pytest.mark.parametrize("samples", [64, 160])
+def test_an_if_on_a_shape_takes_its_branch_at_import_when_the_shapes_are_given(samples):
+    proto = _squeeze_if_one()
+    audio = np.random.default_rng(samples).standard_normal((2, samples)).astype(np.float32)
+    want = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None,
+                                                                                                 {"audio": audio})
+    ir = forge.from_onnx(proto, shape={"audio": audio.shape})
+    np.testing.assert_allclose(ir.get_inference_function()(audio), want[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(_compiled(ir)(audio), want[0], rtol=1e-5, atol=1e-6)
+
+
+def _compiled(ir):
+    from forge_core.compiler.compile import compile_to_function
+
+    return compile_to_function(ir)
+
+
+def _two_rates() -> onnx.ModelProto:
+    """A model whose If on an input (a sample rate) picks one of two branches; the else branch reshapes its
+    input to 3 frames of 100, which only 300 samples can be."""
+    f = TensorProto.FLOAT
+    then_branch = oh.make_graph([oh.make_node("Mul", ["x", "two"], ["then_out"], name="then_mul")], "rate_16k", [],
+                                [oh.make_tensor_value_info("then_out", f, [1, "n"])])
+    else_branch = oh.make_graph([
+        oh.make_node("Reshape", ["x", "frames"], ["framed"], name="else_reshape"),
+        oh.make_node("ReduceMean", ["framed"], ["means"], name="else_mean", axes=[2], keepdims=0),
+        oh.make_node("Tile", ["means", "repeats"], ["else_out"], name="else_tile"),
+    ], "rate_8k", [], [oh.make_tensor_value_info("else_out", f, [1, "n"])])
+    nodes = [oh.make_node("Equal", ["rate", "sixteen"], ["is_16k"], name="is_16k"),
+             oh.make_node("If", ["is_16k"], ["y"], name="rate_branch", then_branch=then_branch,
+                          else_branch=else_branch)]
+    graph = oh.make_graph(nodes, "rates", [oh.make_tensor_value_info("x", f, [1, "samples"]),
+                                           oh.make_tensor_value_info("rate", TensorProto.INT64, [])],
+                          [oh.make_tensor_value_info("y", f, [1, "n"])],
+                          [oh.make_tensor("two", f, [], [2.0]), oh.make_tensor("sixteen", TensorProto.INT64, [], [16000]),
+                           oh.make_tensor("frames", TensorProto.INT64, [3], [1, 3, 100]),
+                           oh.make_tensor("repeats", TensorProto.INT64, [2], [1, 100])])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_a_branch_that_cannot_run_with_the_given_shapes_raises_when_taken(caplog):
+    proto = _two_rates()
+    x = np.random.default_rng(0).standard_normal((1, 512)).astype(np.float32)
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = session.run(None, {"x": x, "rate": np.array(16000, np.int64)})[0]
+    with caplog.at_level("WARNING", logger="forge.onnx"):
+        ir = forge.from_onnx(proto, shape={"x": (1, 512)})
+    assert any("rate_branch" in r.getMessage() and "cannot run with these input shapes" in r.getMessage()
+               for r in caplog.records)
+    function = ir.get_inference_function()
+    np.testing.assert_allclose(function(x, np.array(16000, np.int64)), want, rtol=1e-6)
+    with pytest.raises(Exception):  # onnxruntime: the Reshape of 512 samples into 3 x 100 fails
+        session.run(None, {"x": x, "rate": np.array(8000, np.int64)})
+    with pytest.raises(forge.InputError, match="If 'rate_branch': the model takes its branch 'rate_8k', which cannot"):
+        function(x, np.array(8000, np.int64))
+
+
+def test_the_same_model_at_a_size_each_branch_can_take_keeps_both():
+    proto = _two_rates()
+    x = np.random.default_rng(1).standard_normal((1, 300)).astype(np.float32)
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    function = forge.from_onnx(proto, shape={"x": (1, 300)}).get_inference_function()
+    for rate in (16000, 8000):
+        want = session.run(None, {"x": x, "rate": np.array(rate, np.int64)})[0]
+        np.testing.assert_allclose(function(x, np.array(rate, np.int64)), want, rtol=1e-6)
