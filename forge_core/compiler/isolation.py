@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import logging
 import os
 import pickle
@@ -211,6 +212,11 @@ def _fork_and_wait(function: Callable[[], None], output: Path, scratch: Path) ->
             sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
             sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
             logging.disable(logging.CRITICAL)
+            # No cyclic garbage collection in the child: a collection may free objects of the parent's, and an
+            # onnxruntime session freed there waits for ever in pthread_cond_destroy on its thread pool's
+            # workers, which a fork does not copy (measured: a test worker's export hung so, its parent too).
+            # The child ends with os._exit, so nothing it keeps is leaked past it.
+            gc.disable()
             _exit_at_once_on_exit()
             tempfile.tempdir = str(scratch)
             try:
