@@ -6,7 +6,7 @@ SiLU) on random shapes with odd sizes. Several cases share one ONNX model, each
 with its own inputs and output, so one compile checks many schedules; fusion
 never crosses two cases. A pack compiles under one set of options (``opt_level``
 0-4, ``set_channel_layout``, ``set_float16``) in verification mode, and every
-output is compared with onnxruntime on random inputs.
+output is compared with onnxruntime on random inputs, the inference function's too.
 
 The test suite runs a bounded number of packs (tests/test_schedule_fuzz.py).
 A longer run, from the repository root::
@@ -463,23 +463,31 @@ def run_pack(pack: Pack, artifact_dir: Path | None = None) -> list[Failure]:
             else:
                 run = compile_to_function(ir, **pack.options)
             got = [run(*[feeds[s.name] for s in ir.input_specs]) for feeds in runs]
+            # The inference function too: its own schedule (schedules/reference_order.py), generic code, fp32.
+            reference = ir.get_inference_function()
+            checked = [reference(*[feeds[s.name] for s in ir.input_specs]) for feeds in runs]
     except Exception as exc:  # noqa: BLE001 - every failure is a finding
         return [Failure(pack.label, everything, f"{type(exc).__name__}: {exc}")]
+    return (_compare(pack, expected, got, TOLERANCE[bool(pack.options["set_float16"])], "")
+            + _compare(pack, expected, checked, TOLERANCE[False], " (inference function)"))
+
+
+def _compare(pack: Pack, expected: list, got: list, tolerance: float, what: str) -> list[Failure]:
     failures = []
-    tolerance = TOLERANCE[bool(pack.options["set_float16"])]
     for size, (wants, haves) in enumerate(zip(expected, got)):
         haves = haves if isinstance(haves, list) else [haves]
         at = f" (batches {2 * size} longer)" if size else ""
         for case, want, have in zip(pack.cases, wants, haves):
             have = np.asarray(have)
             if have.shape != want.shape:
-                failures.append(Failure(pack.label, case.describe(), f"shape {have.shape}, onnxruntime {want.shape}{at}"))
+                failures.append(Failure(pack.label, case.describe(),
+                                        f"shape {have.shape}, onnxruntime {want.shape}{at}{what}"))
                 continue
             scale = max(1.0, float(np.abs(want).max(initial=0.0)))
             error = float(np.abs(have.astype(np.float64) - want).max(initial=0.0))
             if not error <= tolerance * scale:  # NaN fails too
                 failures.append(Failure(pack.label, case.describe(), f"max |error| {error:.3g} > "
-                                        f"{tolerance * scale:.3g} (max |reference| {scale:.3g}){at}"))
+                                        f"{tolerance * scale:.3g} (max |reference| {scale:.3g}){at}{what}"))
     return failures
 
 

@@ -112,8 +112,24 @@ def test_without_the_plugin_the_custom_op_is_refused_naming_it_and_the_fix(model
     assert 'register("tflite", custom_code, converter)' in message and "examples/forge_mediapipe" in message
 
 
-def test_with_the_plugin_installed_the_custom_op_gives_the_builtin_models_numbers(models, installed, tmp_path):
-    builtin, custom = models
+@pytest.fixture(scope="module")
+def float16_models():
+    """The same with float16 weights behind DEQUANTIZE, as MediaPipe's selfie segmentation ships: the custom
+    op's weights are then computed from a constant (the converter had refused them as run-time values)."""
+    converter = tf.lite.TFLiteConverter.from_keras_model(segmentation_head(3))
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.target_spec.supported_types = [tf.float16]
+    builtin = converter.convert()
+    return builtin, as_custom_op(builtin)
+
+
+@pytest.mark.parametrize("weights", ["float32", "float16"])
+def test_with_the_plugin_installed_the_custom_op_gives_the_builtin_models_numbers(models, float16_models, weights,
+                                                                                  installed, tmp_path):
+    builtin, custom = models if weights == "float32" else float16_models
+    if weights == "float16":
+        operators = tf.lite.Interpreter(model_content=builtin)._get_ops_details()  # noqa: SLF001 - TF's only listing
+        assert "DEQUANTIZE" in {op["op_name"] for op in operators}
     assert "mediapipe" in {p.name for p in forge.list_plugins()}
     x = np.random.default_rng(4).uniform(0, 1, (1, 12, 10, 3)).astype(np.float32)
     (want,) = Interpreter(builtin)(x)

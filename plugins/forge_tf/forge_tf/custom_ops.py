@@ -45,7 +45,8 @@ class TFLiteConverterContext:
     node: str
     """The name of the operator's first output tensor (TFLite operators have no names)."""
     constants: tuple[np.ndarray | None, ...]
-    """Each input's value where it is a constant of the model, else None."""
+    """Each input's value where it is a constant of the model, or computed from one at import (float16 weights
+    behind a ``DEQUANTIZE``, a ``DENSIFY``'s dense weights), else None."""
     output_shapes: tuple[tuple[int, ...], ...]
     """Each output's shape as the flatbuffer declares it (a dynamic batch is stored as 1)."""
     output_dtypes: tuple[str, ...]

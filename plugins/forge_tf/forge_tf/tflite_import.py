@@ -99,6 +99,24 @@ class ForgeOperatorConverter(SymbolicShapes, OperatorConverter):
             return code
         return str(super().get_op_code_str(op))
 
+    def _computed_constant(self, wrapper: Any, expr: Any) -> np.ndarray | None:
+        """The value of an input the model computes from constants alone at import: float16 weights behind a
+        DEQUANTIZE (MediaPipe's selfie segmentation feeds its Convolution2DTransposeBias so), a DENSIFY's
+        dense weights. None for anything else."""
+        if self.is_prefetched(wrapper.tensor_idx):
+            return np.asarray(self.get_prefetched_node(wrapper.tensor_idx))
+        for _ in range(8):  # through the variables bound to it
+            if isinstance(expr, relax.Var):
+                expr = self.bb.lookup_binding(expr)
+            elif isinstance(expr, tvm.ir.GenericConst):
+                return expr.value.numpy()
+            elif isinstance(expr, relax.Call) and getattr(expr.op, "name", "") == "relax.astype" \
+                    and isinstance(expr.args[0], tvm.ir.GenericConst):
+                return expr.args[0].value.numpy().astype(str(expr.attrs.dtype))
+            else:
+                return None
+        return None
+
     def _convert_with_plugin(self, code: str, op: Any) -> Any:
         """A plugin's converter (:mod:`forge_tf.custom_ops`) on the operator's inputs, options and context."""
         converter = self._plugin_converters[code]
@@ -109,8 +127,9 @@ class ForgeOperatorConverter(SymbolicShapes, OperatorConverter):
                 constants.append(None)
                 continue
             constant = not self.has_expr(wrapper.tensor_idx) and wrapper.buffer.DataLength() > 0
-            constants.append(self.get_tensor_value(wrapper) if constant else None)
-            inputs.append(self.get_tensor_expr(wrapper))
+            expr = self.get_tensor_expr(wrapper)
+            constants.append(self.get_tensor_value(wrapper) if constant else self._computed_constant(wrapper, expr))
+            inputs.append(expr)
         outputs = self.get_output_tensors(op)
         if op.CustomOptionsLength():
             options: Any = op.CustomOptionsAsNumpy().tobytes()
