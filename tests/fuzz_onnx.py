@@ -197,6 +197,13 @@ def _helper_models() -> dict[str, onnx.ModelProto]:
     ], [_vi("x", f, [1, 2, 5, 5])], [_vi("y", f, [1, 4, 5, 6])],
         [_init(rng, "w", (4, 2, 3, 3)), _init(rng, "b", (4,)), _init(rng, "m", (6, 5))],
         domains={"com.microsoft": 1})
+    # ONNX's signal operators (converters/signal.py): a speech front end's STFT, then a DFT over frames.
+    models["signal"] = _model("signal", [
+        helper.make_node("STFT", ["audio", "step", "window"], ["spectrum"], "stft"),
+        helper.make_node("DFT", ["spectrum"], ["y"], "dft", axis=1),
+    ], [_vi("audio", f, [1, 96, 1])], [_vi("y", f, ["one", "frames", "bins", "parts"])],
+        [numpy_helper.from_array(np.array(16, np.int64), "step"),
+         numpy_helper.from_array(np.hanning(16).astype(np.float32), "window")])
     # onnxruntime's transformer optimizer's operators (converters/microsoft_bert.py).
     hidden = 8
     models["bert_contrib"] = _model("bert_contrib", [

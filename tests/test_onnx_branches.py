@@ -114,3 +114,30 @@ def test_the_same_model_at_a_size_each_branch_can_take_keeps_both():
     for rate in (16000, 8000):
         want = session.run(None, {"x": x, "rate": np.array(rate, np.int64)})[0]
         np.testing.assert_allclose(function(x, np.array(rate, np.int64)), want, rtol=1e-6)
+
+
+def test_shapes_given_that_onnx_strict_inference_cannot_reconcile_warn_and_load(monkeypatch):
+    """ONNX's strict shape inference refused onnx-asr's preprocessors once shape= made their dims static ("window
+    input must have rank = 1", "Incompatible dimensions for matrix multiplication"), where onnxruntime, which
+    sees the dims dynamic at load, runs them. Its strict mode is made to fail so here: with shape= given, Forge
+    warns and reads on (non-strict inference still checks the types); without, the error stands (the
+    malformed-model corpus holds such models)."""
+    f = TensorProto.FLOAT
+    graph = oh.make_graph([oh.make_node("Relu", ["x"], ["y"], name="relu")], "m",
+                          [oh.make_tensor_value_info("x", f, ["n"])], [oh.make_tensor_value_info("y", f, ["n"])])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+    real = onnx.shape_inference.infer_shapes
+
+    def strict_fails(proto, *args, strict_mode=False, **kwargs):
+        if strict_mode:
+            raise onnx.shape_inference.InferenceError("[ShapeInferenceError] (op_type:Relu, node name: relu): "
+                                                      "Incompatible dimensions")
+        return real(proto, *args, strict_mode=strict_mode, **kwargs)
+
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", strict_fails)
+    x = np.random.default_rng(2).standard_normal(8).astype(np.float32)
+    with pytest.warns(forge.ModelQuirkWarning, match="with the given shapes, ONNX's strict shape inference disagrees"):
+        ir = forge.from_onnx(model, shape={"x": (8,)})
+    np.testing.assert_array_equal(ir.get_inference_function()(x), np.maximum(x, 0))
+    with pytest.raises(forge.InvalidModelError, match="ONNX type and shape inference rejects the model"):
+        forge.from_onnx(model)

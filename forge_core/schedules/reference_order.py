@@ -108,6 +108,8 @@ def _schedule_block(sch: s_tir.Schedule, block: s_tir.SBlockRV, unit: VectorUnit
     loops = sch.get_loops(block)
     if not kinds or not stmt.writes or len(loops) != len(kinds) or not _trivially_bound(sch, loops):
         return
+    if any((size := extent(sch, loop)) is not None and size < 1 for loop in loops):
+        return  # an empty (or, from a malformed model, negative) extent: nothing to schedule
     dtype = str(stmt.writes[0].source.dtype)
     lanes = unit.lanes(dtype)
     if set(kinds) == {"S"}:

@@ -310,6 +310,7 @@ def _needs_edit(model: onnx.ModelProto, shape: Mapping[str, Sequence[Dim]] | Non
         or any(not node.name for node in iter_nodes(model.graph))
         or validation.exporter_quirks(model)
         or graph_rewrites.needs_rewrite(model)
+        or validation.needs_defaults(model)
     )
 
 
@@ -510,9 +511,10 @@ def load_onnx(
         if shape:
             _apply_shapes(proto, shape)
         _apply_dtypes(proto, dtype)
+        validation.spell_out_defaults(proto)
     if export_node_renamed_model_path is not None:
         _save_atomically(proto, export_node_renamed_model_path)
-    inferred = validation.check_model(proto, describe_source(model), infer_types=tensor_io)
+    inferred = validation.check_model(proto, describe_source(model), infer_types=tensor_io, shapes_given=bool(shape))
     check_operators(proto)
     _check_strings(proto)
     if graph_rewrites.needs_rewrite(proto):

@@ -37,12 +37,13 @@ import heapq
 import logging
 import math
 import re
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 
 import onnx
 from onnx import AttributeProto, TensorProto, defs, helper
 
-from forge_core.errors import InvalidModelError
+from forge_core.errors import InvalidModelError, ModelQuirkWarning
 
 logger = logging.getLogger("forge.onnx")
 
@@ -317,6 +318,25 @@ def exporter_quirks(model: onnx.ModelProto) -> bool:
         if len(names) != len(set(names)):
             return True
     return False
+
+
+def _unspelled_defaults(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """STFT nodes without ``onesided``: the spec's default is 1 (onnxruntime computes so), and ONNX 1.23's shape
+    inference takes 0, inferring twice the bins; the output check then refused every such model."""
+    return [node for graph in _graphs(model.graph) for node in graph.node
+            if node.op_type == "STFT" and node.domain in ("", "ai.onnx")
+            and not any(attr.name == "onesided" for attr in node.attribute)]
+
+
+def needs_defaults(model: onnx.ModelProto) -> bool:
+    return bool(_unspelled_defaults(model))
+
+
+def spell_out_defaults(model: onnx.ModelProto) -> None:
+    """Write the attributes whose spec default ONNX's shape inference gets wrong (see :func:`_unspelled_defaults`)
+    into ``model``, a copy the caller owns; nothing the model computes changes."""
+    for node in _unspelled_defaults(model):
+        node.attribute.append(helper.make_attribute("onesided", 1))
 
 
 def repair_quirks(model: onnx.ModelProto) -> list[str]:
@@ -603,7 +623,8 @@ def _static_shape(value: onnx.ValueInfoProto) -> Shape | None:
     return tuple(d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim)
 
 
-def _check_types(model: onnx.ModelProto, opsets: Mapping[str, int], source: str) -> dict[str, Shape]:
+def _check_types(model: onnx.ModelProto, opsets: Mapping[str, int], source: str,
+                 shapes_given: bool = False) -> dict[str, Shape]:
     """ONNX's strict type and shape inference; a value inferred with a negative dim is an error too.
 
     Returns:
@@ -617,7 +638,19 @@ def _check_types(model: onnx.ModelProto, opsets: Mapping[str, int], source: str)
         if _inside_function(detail, opsets):
             logger.debug("type inference error inside a function body, not the model's: %s", detail)
             return {}
-        raise InvalidModelError(f"{source}: ONNX type and shape inference rejects the model: {detail}") from exc
+        if not shapes_given:
+            raise InvalidModelError(f"{source}: ONNX type and shape inference rejects the model: {detail}") from exc
+        try:
+            # The model's dims made static by the user's shape=: ONNX's strict inference then meets what it
+            # cannot follow through computed dims (onnx-asr's preprocessors at 16000 samples: an STFT window,
+            # MatMuls over computed dims), where onnxruntime, which never sees static dims at load, runs the
+            # model. Without strict mode it skips those and still checks the types.
+            inferred = onnx.shape_inference.infer_shapes(light, check_type=True, strict_mode=False)
+        except Exception:  # noqa: BLE001 - a type error: onnxruntime refuses the model too
+            raise InvalidModelError(f"{source}: ONNX type and shape inference rejects the model: {detail}") from exc
+        warnings.warn(f"{source}: with the given shapes, ONNX's strict shape inference disagrees with the model "
+                      f"({detail}); onnxruntime runs it, and Forge reads it on (its converters check the shapes "
+                      "they take)", ModelQuirkWarning, stacklevel=4)
     except Exception as exc:  # noqa: BLE001 - the inference's own limits (size...) do not make the model invalid
         logger.debug("type inference skipped: %s: %s", type(exc).__name__, exc)
         return {}
@@ -631,7 +664,8 @@ def _check_types(model: onnx.ModelProto, opsets: Mapping[str, int], source: str)
     return {value.name: shape for value in inferred.graph.output if (shape := _static_shape(value)) is not None}
 
 
-def check_model(model: onnx.ModelProto, source: str, infer_types: bool = True) -> dict[str, Shape]:
+def check_model(model: onnx.ModelProto, source: str, infer_types: bool = True,
+                shapes_given: bool = False) -> dict[str, Shape]:
     """Check a model as described in the module's docstring; its nodes must be named and sorted by now.
 
     Args:
@@ -639,6 +673,8 @@ def check_model(model: onnx.ModelProto, source: str, infer_types: bool = True) -
         source: How errors about the whole model name it (the file, or "the given ModelProto").
         infer_types: Whether to run ONNX's type inference (not where Forge retyped sequence or optional
             graph inputs as tensors, see :func:`tensor_typed_io`).
+        shapes_given: Whether the user's ``shape=`` made dims static: a disagreement of ONNX's strict shape
+            inference is then a warning (see :func:`_check_types`).
 
     Returns:
         The shapes ONNX's shape inference gives the graph outputs (where it knows their rank), for
@@ -652,7 +688,7 @@ def check_model(model: onnx.ModelProto, source: str, infer_types: bool = True) -
                                 f"(onnx {onnx.__version__}) is {onnx.IR_VERSION}")
     opsets = _opsets(model, source)
     _check_graph(model.graph, frozenset(), opsets, "", main=True)
-    return _check_types(model, opsets, source) if infer_types else {}
+    return _check_types(model, opsets, source, shapes_given) if infer_types else {}
 
 
 def check_output_shapes(model: onnx.ModelProto, inferred: Mapping[str, Shape],

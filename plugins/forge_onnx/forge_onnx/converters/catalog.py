@@ -22,12 +22,13 @@ from forge_onnx.converters import (
     resize,
     sequences,
     shapes,
+    signal,
     unique,
 )
 
 MODULES = (
     activations, attention, elementwise, losses, normalization, quantized, ranges, recurrent, reductions, resize,
-    sequences, shapes, unique,
+    sequences, shapes, signal, unique,
 )
 
 
