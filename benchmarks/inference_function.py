@@ -66,7 +66,7 @@ def measure(size: int, width: int, plain: bool) -> dict:
     row["forge_s"] = _fastest(lambda: function(image))
     row["forge_per_onnxruntime"] = row["forge_s"] / row["onnxruntime_s"]
     if plain:
-        unscheduled = build_inference_function(weights.bind_params(ir.mod, ir.params), function_target(),
+        unscheduled = build_inference_function(weights.bind_params(ir.mod, ir.params), _function_target(),
                                                ir.input_specs, ir.output_specs, reference_order=False)
         row["plain_s"] = _fastest(lambda: unscheduled(image), rounds=1)
         row["plain_per_forge"] = row["plain_s"] / row["forge_s"]
@@ -74,7 +74,7 @@ def measure(size: int, width: int, plain: bool) -> dict:
     return row
 
 
-def function_target():
+def _function_target():
     from forge_core.targets import resolve_target
 
     return resolve_target("llvm", host_cpu=False)

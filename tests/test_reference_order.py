@@ -174,42 +174,36 @@ def test_reference_order_tiles_convolutions_and_matrix_products(name):
 
 def _reduction_loops(func: tvm.tirx.PrimFunc) -> list[list[tuple[str, int]]]:
     """For each block that reduces: the loops its reduction iterators are bound to, outermost first, as
-    (iterator, extent); an iterator bound to anything but one whole loop is listed as ("split", 0)."""
-    sch = tvm.s_tir.Schedule(func)
+    (iterator, extent); an iterator bound to anything but one whole loop makes the entry ("split", 0)."""
     found = []
+    enclosing: list = []
 
-    def visit(node):
-        if isinstance(node, tvm.s_tir.stmt.SBlockRealize) and any(
-                iv.iter_type == tvm.tirx.IterVar.CommReduce for iv in node.block.iter_vars):
-            loops = {loop.loop_var: loop for loop in _enclosing}
-            order = []
-            for iv, value in zip(node.block.iter_vars, node.iter_values, strict=True):
-                if iv.iter_type != tvm.tirx.IterVar.CommReduce:
-                    continue
-                loop = next((loops[v] for v in loops if v.same_as(value)), None)
-                whole = loop is not None and int(loop.extent) == int(iv.dom.extent)
-                order.append((list(loops).index(loop.loop_var) if whole else -1,
-                              (str(iv.var.name), int(iv.dom.extent)) if whole else ("split", 0)))
-            found.append([entry for _, entry in sorted(order, key=lambda e: e[0])] if all(
-                i >= 0 for i, _ in order) else [entry for _, entry in order])
+    def reduction_loops(realize) -> list[tuple[str, int]]:
+        entries = []
+        for iv, value in zip(realize.block.iter_vars, realize.iter_values, strict=True):
+            if iv.iter_type != tvm.tirx.IterVar.CommReduce:
+                continue
+            depth = next((d for d, loop in enumerate(enclosing) if loop.loop_var.same_as(value)), None)
+            if depth is None or int(enclosing[depth].extent) != int(iv.dom.extent):
+                return [("split", 0)]
+            entries.append((depth, (str(iv.var.name), int(iv.dom.extent))))
+        return [entry for _, entry in sorted(entries)]
 
-    _enclosing: list = []
-
-    def walk(stmt):
+    def walk(stmt) -> None:
         if isinstance(stmt, tvm.tirx.For):
-            _enclosing.append(stmt)
+            enclosing.append(stmt)
             walk(stmt.body)
-            _enclosing.pop()
+            enclosing.pop()
         elif isinstance(stmt, tvm.tirx.SeqStmt):
             for child in stmt.seq:
                 walk(child)
         elif isinstance(stmt, tvm.s_tir.stmt.SBlockRealize):
-            visit(stmt)
+            if any(iv.iter_type == tvm.tirx.IterVar.CommReduce for iv in stmt.block.iter_vars):
+                found.append(reduction_loops(stmt))
             walk(stmt.block.body)
         elif hasattr(stmt, "body"):
             walk(stmt.body)
 
-    del sch
     walk(func.body)
     return found
 
