@@ -32,15 +32,20 @@ def _model(nodes, inputs, outputs, initializers) -> onnx.ModelProto:
 
 def _check(model: onnx.ModelProto, feeds: dict[str, np.ndarray], rtol: float = 1e-5) -> None:
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    from forge_core.compiler.compile import compile_to_function
+
     ir = forge.from_onnx(model)
-    got = ir.get_inference_function()(*[feeds[name] for name in ir.input_names])
-    got = list(got) if isinstance(got, (list, tuple)) else [got]
-    assert len(got) == len(want)
-    for index, (g, w) in enumerate(zip(got, want, strict=True)):
-        assert g.shape == w.shape, f"output {index}: {g.shape} != {w.shape}"
-        assert g.dtype == w.dtype, f"output {index}: {g.dtype} != {w.dtype}"
-        np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol * float(np.abs(w).max()) + 1e-6,
-                                   err_msg=f"output {index}")
+    arrays = [feeds[name] for name in ir.input_names]
+    # The inference function, and the compiled path (Forge's schedules, opt_level 3).
+    for path, run in (("inference function", ir.get_inference_function()), ("compiled", compile_to_function(ir))):
+        got = run(*arrays)
+        got = list(got) if isinstance(got, (list, tuple)) else [got]
+        assert len(got) == len(want)
+        for index, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert g.shape == w.shape, f"{path}, output {index}: {g.shape} != {w.shape}"
+            assert g.dtype == w.dtype, f"{path}, output {index}: {g.dtype} != {w.dtype}"
+            np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol * float(np.abs(w).max()) + 1e-6,
+                                       err_msg=f"{path}, output {index}")
 
 
 HIDDEN, HEADS = 16, 4

@@ -27,12 +27,17 @@ def _model(nodes, inputs, outputs, inits=(), opset=17) -> onnx.ModelProto:
 
 def _check(model: onnx.ModelProto, feeds: dict[str, np.ndarray], rtol: float = 2e-5) -> None:
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    from forge_core.compiler.compile import compile_to_function
+
     ir = forge.from_onnx(model)
-    got = ir.get_inference_function()(*[feeds[name] for name in ir.input_names])
-    got = got if isinstance(got, list) else [got]
-    for g, w in zip(got, want, strict=True):
-        assert g.shape == w.shape
-        np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol * float(np.abs(w).max()))
+    arrays = [feeds[name] for name in ir.input_names]
+    # The inference function, and the compiled path (Forge's schedules, opt_level 3).
+    for run in (ir.get_inference_function(), compile_to_function(ir)):
+        got = run(*arrays)
+        got = got if isinstance(got, list) else [got]
+        for g, w in zip(got, want, strict=True):
+            assert g.shape == w.shape
+            np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol * float(np.abs(w).max()))
 
 
 def _out(rank: int) -> onnx.ValueInfoProto:
