@@ -64,9 +64,10 @@ def _compiled(ir):
     return compile_to_function(ir)
 
 
-def _two_rates() -> onnx.ModelProto:
-    """A model whose If on an input (a sample rate) picks one of two branches; the else branch reshapes its
-    input to 3 frames of 100, which only 300 samples can be."""
+def _two_rates(framing_first: bool = False) -> onnx.ModelProto:
+    """A model whose If on an input (a sample rate) picks one of two branches; the 8 kHz branch reshapes its
+    input to 3 frames of 100, which only 300 samples can be. It is the else branch, or with ``framing_first``
+    the then branch (TVM's importer converts the then branch first)."""
     f = TensorProto.FLOAT
     then_branch = oh.make_graph([oh.make_node("Mul", ["x", "two"], ["then_out"], name="then_mul")], "rate_16k", [],
                                 [oh.make_tensor_value_info("then_out", f, [1, "n"])])
@@ -75,7 +76,10 @@ def _two_rates() -> onnx.ModelProto:
         oh.make_node("ReduceMean", ["framed"], ["means"], name="else_mean", axes=[2], keepdims=0),
         oh.make_node("Tile", ["means", "repeats"], ["else_out"], name="else_tile"),
     ], "rate_8k", [], [oh.make_tensor_value_info("else_out", f, [1, "n"])])
-    nodes = [oh.make_node("Equal", ["rate", "sixteen"], ["is_16k"], name="is_16k"),
+    if framing_first:
+        then_branch, else_branch = else_branch, then_branch
+    nodes = [oh.make_node("Equal", ["rate", "sixteen"], ["is_16k_raw"], name="is_16k"),
+             oh.make_node("Not" if framing_first else "Identity", ["is_16k_raw"], ["is_16k"], name="is_16k_not"),
              oh.make_node("If", ["is_16k"], ["y"], name="rate_branch", then_branch=then_branch,
                           else_branch=else_branch)]
     graph = oh.make_graph(nodes, "rates", [oh.make_tensor_value_info("x", f, [1, "samples"]),
@@ -89,8 +93,9 @@ def _two_rates() -> onnx.ModelProto:
     return model
 
 
-def test_a_branch_that_cannot_run_with_the_given_shapes_raises_when_taken(caplog):
-    proto = _two_rates()
+@pytest.mark.parametrize("framing_first", [False, True], ids=["else_fails", "then_fails"])
+def test_a_branch_that_cannot_run_with_the_given_shapes_raises_when_taken(caplog, framing_first):
+    proto = _two_rates(framing_first)
     x = np.random.default_rng(0).standard_normal((1, 512)).astype(np.float32)
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     want = session.run(None, {"x": x, "rate": np.array(16000, np.int64)})[0]
@@ -106,8 +111,9 @@ def test_a_branch_that_cannot_run_with_the_given_shapes_raises_when_taken(caplog
         function(x, np.array(8000, np.int64))
 
 
-def test_the_same_model_at_a_size_each_branch_can_take_keeps_both():
-    proto = _two_rates()
+@pytest.mark.parametrize("framing_first", [False, True], ids=["framing_else", "framing_then"])
+def test_the_same_model_at_a_size_each_branch_can_take_keeps_both(framing_first):
+    proto = _two_rates(framing_first)
     x = np.random.default_rng(1).standard_normal((1, 300)).astype(np.float32)
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     function = forge.from_onnx(proto, shape={"x": (1, 300)}).get_inference_function()

@@ -195,15 +195,29 @@ def vectorize_by_registers(sch: s_tir.Schedule, loop: s_tir.LoopRV, lanes: int) 
     sch.vectorize(loop)
 
 
-def linear_terms(index, var) -> tuple[int, int] | None:
-    """``(a, b)`` when ``index`` is ``a * var + b`` with constant ``a`` and ``b``; else None."""
+def _linear(index, var) -> list | None:
+    """``[a, b]`` (expressions) when ``index`` is ``a * var + b`` with ``a`` and ``b`` free of ``var``; else None."""
     try:
         coefficients = detect_linear_equation(index, [var])
     except Exception:  # noqa: BLE001 - not linear
         return None
-    if len(coefficients) != 2 or not all(isinstance(c, tirx.IntImm) for c in coefficients):
+    return list(coefficients) if len(coefficients) == 2 else None
+
+
+def linear_terms(index, var) -> tuple[int, int] | None:
+    """``(a, b)`` when ``index`` is ``a * var + b`` with constant ``a`` and ``b``; else None."""
+    coefficients = _linear(index, var)
+    if coefficients is None or not all(isinstance(c, tirx.IntImm) for c in coefficients):
         return None
     return int(coefficients[0]), int(coefficients[1])
+
+
+def coefficient(index, var) -> int | None:
+    """``a`` when ``index`` is ``a * var + (anything free of var)`` with a constant ``a``; else None."""
+    coefficients = _linear(index, var)
+    if coefficients is None or not isinstance(coefficients[0], tirx.IntImm):
+        return None
+    return int(coefficients[0])
 
 
 def x_stride(sch: s_tir.Schedule, conv: s_tir.SBlockRV) -> int:

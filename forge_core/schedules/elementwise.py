@@ -6,7 +6,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight
 
 from forge_core.schedules.blocks import blocks, extent, iter_kinds, vector_unit
-from forge_core.schedules.epilogue import parallel_vectorized
+from forge_core.schedules.epilogue import parallel_leading, parallel_vectorized
 
 
 def _lanes(sch: s_tir.Schedule, target) -> int:
@@ -66,9 +66,5 @@ class Generic(dlight.ScheduleRule):
             if leading == len(kinds):
                 parallel_vectorized(sch, block, lanes)
                 continue
-            outer = loops[: max(1, min(leading, 3))]
-            fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
-            size = extent(sch, fused)
-            if size is None or size >= 2:  # None: symbolic (a dynamic dim), parallel whatever it is at run time
-                sch.parallel(fused)
+            parallel_leading(sch, loops[:leading])
         return sch

@@ -70,6 +70,18 @@ def parallel_vectorized(sch: s_tir.Schedule, block: s_tir.SBlockRV, lanes: int) 
         sch.parallel(fused)
 
 
+def parallel_leading(sch: s_tir.Schedule, loops: list[s_tir.LoopRV], most: int = 3) -> None:
+    """Fuse up to ``most`` of ``loops`` (a block's leading spatial loops, outermost first) into one parallel
+    loop, unless it runs once; a symbolic extent (a dynamic dim) is parallel whatever it is at run time."""
+    outer = list(loops[:most])
+    if not outer:
+        return
+    fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+    size = extent(sch, fused)
+    if size is None or size >= 2:
+        sch.parallel(fused)
+
+
 def schedule_padding(sch: s_tir.Schedule, lanes: int) -> None:
     """Padding stages not yet placed: inline a pure copy, else make it a parallel vectorized stage."""
     for block in blocks(sch):

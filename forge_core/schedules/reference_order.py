@@ -41,10 +41,9 @@ import re
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight
 from tvm.s_tir.stmt import SBlockRealize
-from tvm.sym.pattern import detect_linear_equation
 
-from forge_core.schedules.blocks import VectorUnit, blocks, extent, iter_kinds, largest_divisor, name_of, vector_unit
-from forge_core.schedules.epilogue import parallel_vectorized
+from forge_core.schedules.blocks import VectorUnit, blocks, coefficient, extent, iter_kinds, largest_divisor, name_of, vector_unit
+from forge_core.schedules.epilogue import parallel_leading, parallel_vectorized
 
 # Most outputs of an axis that some input does not depend on in one register tile (output channels).
 MAX_SHARED_TILE = 2
@@ -52,17 +51,6 @@ MAX_SHARED_TILE = 2
 MAX_ROW_VECTORS = 4
 # Leading spatial loops fused into the parallel loop.
 MAX_PARALLEL_LOOPS = 3
-
-
-def _stride(index: tirx.PrimExpr, var: tirx.Var) -> int | None:
-    """``a`` when ``index`` is ``a * var + (anything not in var)`` with a constant ``a``; else None."""
-    try:
-        coefficients = detect_linear_equation(index, [var])
-    except Exception:  # noqa: BLE001 - not linear in var
-        return None
-    if len(coefficients) != 2 or not isinstance(coefficients[0], tirx.IntImm):
-        return None
-    return int(coefficients[0])
 
 
 def _uses(index: tirx.PrimExpr, var: tirx.Var) -> bool:
@@ -120,17 +108,7 @@ def _schedule_block(sch: s_tir.Schedule, block: s_tir.SBlockRV, unit: VectorUnit
         return
     spatial = len(match.group(1))
     if not _tile_outputs(sch, block, loops, spatial, unit, lanes):
-        _parallel(sch, loops[:spatial])
-
-
-def _parallel(sch: s_tir.Schedule, loops: list[s_tir.LoopRV]) -> None:
-    outer = loops[:MAX_PARALLEL_LOOPS]
-    if not outer:
-        return
-    fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
-    size = extent(sch, fused)
-    if size is None or size >= 2:  # None: a dynamic dim, parallel whatever it is at run time
-        sch.parallel(fused)
+        parallel_leading(sch, loops[:spatial], MAX_PARALLEL_LOOPS)
 
 
 def _fold_epilogue(sch: s_tir.Schedule, write_back: s_tir.SBlockRV) -> None:
@@ -157,10 +135,10 @@ def _tile_outputs(sch: s_tir.Schedule, block: s_tir.SBlockRV, loops: list[s_tir.
     write = stmt.writes[0].region
     reads = [r for r in stmt.reads if len(r.region) and not r.source.same_as(stmt.writes[0].source)]
     width = extent(sch, loops[spatial - 1])
-    strides = {_stride(r.region[-1].min, row) for r in reads}
+    strides = {coefficient(r.region[-1].min, row) for r in reads}
     # The innermost output axis must step along some input's rows; else (a dot product along the inputs'
     # last axis) the plain order reads memory in order already.
-    if (dtype == "bool" or not write or _stride(write[-1].min, row) != 1 or width is None
+    if (dtype == "bool" or not write or coefficient(write[-1].min, row) != 1 or width is None
             or not any(stride is not None and stride >= 1 for stride in strides)):
         return False
     # Whole vectors where the row holds them and some input is read with unit stride; else a few outputs in
@@ -170,7 +148,7 @@ def _tile_outputs(sch: s_tir.Schedule, block: s_tir.SBlockRV, loops: list[s_tir.
         else largest_divisor(width, MAX_ROW_VECTORS * lanes)
     # An output axis that the input read along the row does not depend on (a convolution's output channels,
     # a matrix product's rows): a tile of it reuses each loaded vector of that input.
-    streamed = [r for r in reads if _stride(r.region[-1].min, row) is not None and _stride(r.region[-1].min, row) >= 1]
+    streamed = [r for r in reads if (coefficient(r.region[-1].min, row) or 0) >= 1]
     shared = None
     for position in range(spatial - 2, -1, -1):
         size = extent(sch, loops[position])
@@ -203,7 +181,7 @@ def _tile_outputs(sch: s_tir.Schedule, block: s_tir.SBlockRV, loops: list[s_tir.
         sch.vectorize(sch.split(write_back, [None, lanes])[1])
     else:
         sch.unroll(row_inner)
-    _parallel(sch, outer)
+    parallel_leading(sch, outer, MAX_PARALLEL_LOOPS)
     # Loop kinds are set; the accumulator's zeroing becomes its own loop before the reductions.
     sch.decompose_reduction(block, reductions[0])
     return True

@@ -96,6 +96,7 @@ class _ForgeImporter(ONNXGraphImporter):
         self._branch_stack: list[relax.Expr | None] = []
         self._branch_siblings: dict[tuple[str, ...], tuple[str, onnx.GraphProto]] = {}
         self._branch_depth_failing = False
+        self._branch_results: dict[tuple[str, ...], Any] = {}
 
     def _parse_attr(self, attr_proto: Any) -> dict[str, Any]:
         """TVM's attribute parsing, plus sparse tensors and empty lists (which it rejects)."""
@@ -170,7 +171,10 @@ class _ForgeImporter(ONNXGraphImporter):
         emits runs whichever branch is taken. (Giving each branch its own block crashed TVM's VM.) A converter
         that checks a value at run time must then check it only when its branch is taken.
         """
-        taken = self._branch_conditions.get(_branch_key(graph))
+        key = _branch_key(graph)
+        if key in self._branch_results:  # converted already, as a failing sibling's stand-in
+            return self._branch_results.pop(key)
+        taken = self._branch_conditions.get(key)
         cond = None
         if taken is not None:
             cond_name, is_then = taken
@@ -181,7 +185,9 @@ class _ForgeImporter(ONNXGraphImporter):
                 cond = cond if is_then else bb.emit(relax.op.logical_not(cond))
             self._branch_stack.append(cond)
         try:
-            return super()._convert_subgraph(bb, _LazyBranch(graph, self._expanded(graph.node)))
+            result = super()._convert_subgraph(bb, _LazyBranch(graph, self._expanded(graph.node)))
+            self._branch_results[key] = result  # kept for a sibling that fails next (TVM converts then, else)
+            return result
         except (ModelImportError, OperatorConversionError) as exc:
             if taken is None or cond is None or self._branch_depth_failing:
                 raise
@@ -196,13 +202,19 @@ class _ForgeImporter(ONNXGraphImporter):
         values as zeros, so that the If has that branch's types. onnxruntime, which runs the taken branch
         only, fails the same way when the model takes it."""
         node, sibling = self._branch_siblings[_branch_key(graph)]
-        self._branch_depth_failing = True
-        try:
-            other = self._convert_subgraph(bb, sibling)  # TVM converts it (again) next: the unused copy is dropped
-        except Exception:  # noqa: BLE001 - neither branch converts: the first error is the model's
-            raise error from None
-        finally:
-            self._branch_depth_failing = False
+        other = self._branch_results.get(_branch_key(sibling))  # the then branch, converted before the else
+        if other is None:
+            # Converted once, here, with its own condition alone on the stack (its run-time checks fire when it
+            # runs); TVM's If converter asks for it next and gets this conversion back.
+            failing_cond = self._branch_stack.pop()
+            self._branch_depth_failing = True
+            try:
+                other = self._convert_subgraph(bb, sibling)
+            except Exception:  # noqa: BLE001 - neither branch converts: the first error is the model's
+                raise error from None
+            finally:
+                self._branch_depth_failing = False
+                self._branch_stack.append(failing_cond)
         fields = [other] if not isinstance(other.ty, relax.TupleType) else \
             [bb.emit(relax.TupleGetItem(other, i)) for i in range(len(other.ty.fields))]
         if not all(isinstance(f.ty, relax.TensorType) for f in fields):
