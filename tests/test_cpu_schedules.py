@@ -71,6 +71,15 @@ def compile_and_compare(model, tmp_path, caplog):
         ("depthwise_stride2_odd_width", single_node("Conv", [("x", [1, 16, 15, 15])], [1, 16, 8, 8],
                                                     [RNG.standard_normal((16, 1, 3, 3))], pads=[1, 1, 1, 1],
                                                     strides=[2, 2], group=16), "GroupedConv2dNCHW"),
+        # Rows of a prime length above the widest tile (32): a tile of one output, whose write-back has no loop
+        # of its own. Vectorizing "its" innermost loop had vectorized the reduction: wrong numbers (SLANet).
+        ("depthwise_stride2_prime_rows", single_node("Conv", [("x", [1, 8, 12, 74])], [1, 8, 6, 37],
+                                                     [RNG.standard_normal((8, 1, 3, 3))], pads=[1, 1, 1, 1],
+                                                     strides=[2, 2], group=8), "GroupedConv2dNCHW"),
+        ("depthwise_stride2_prime_rows_with_bias", single_node("Conv", [("x", [1, 8, 6, 122])], [1, 8, 3, 61],
+                                                               [RNG.standard_normal((8, 1, 3, 3)),
+                                                                RNG.standard_normal(8)], pads=[1, 1, 1, 1],
+                                                               strides=[2, 2], group=8), "GroupedConv2dNCHW"),
         ("pointwise", single_node("Conv", [("x", [1, 16, 32, 32])], [1, 24, 32, 32],
                                   [RNG.standard_normal((24, 16, 1, 1))]), "PointwiseConv2dNCHW"),
         ("pointwise_small_map", single_node("Conv", [("x", [1, 16, 7, 7])], [1, 32, 7, 7],

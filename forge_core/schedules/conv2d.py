@@ -7,7 +7,9 @@ from tvm.s_tir import dlight
 
 from forge_core.schedules.blocks import (extent, largest_divisor, producer, sole_block, vector_unit,
                                          vectorize_by_registers)
-from forge_core.schedules.epilogue import attach_epilogue, inline_side_inputs, schedule_padding, split_epilogue
+from forge_core.schedules.epilogue import (
+    attach_epilogue, inline_side_inputs, schedule_padding, split_epilogue, vectorize_write_back,
+)
 
 # Marks a weight-repacking block; relax.transform.SplitLayoutRewritePreproc moves it out so that
 # FoldConstant runs it once, at compile time.
@@ -99,7 +101,7 @@ def tile_convolution(sch: s_tir.Schedule, conv: s_tir.SBlockRV, vec: int, tile_x
     sch.transform_layout(conv, ("write", 0), lambda a, b, c, d: (a, b // vec, c, d, b % vec))
     sch.reverse_compute_at(writer, x_outer)
     if tile_x >= 4:
-        sch.vectorize(sch.get_loops(writer)[-1])
+        vectorize_write_back(sch, writer)
     sch.parallel(y if rows_only else sch.fuse(n, f_outer, y))
     if unit.registers <= 16 and vec > 1:
         vectorize_by_registers(sch, f_inner, unit.lanes(dtype))

@@ -37,7 +37,7 @@ from tvm.sym.pattern import detect_linear_equation
 
 from forge_core.schedules.blocks import blocks, extent, largest_divisor, name_of, plane_loops, sole_block, vector_unit
 from forge_core.schedules.conv2d import NARROW_ROW, PREPACK
-from forge_core.schedules.epilogue import attach_epilogue, schedule_padding, split_epilogue
+from forge_core.schedules.epilogue import attach_epilogue, schedule_padding, split_epilogue, vectorize_write_back
 from forge_core.schedules.rewrite import alloc, dtype_of, load, replace_stages, shape_of, stage
 
 # Legalized block names by spatial rank, and their iterator kinds.
@@ -197,7 +197,7 @@ def _tile_by_channels(sch: s_tir.Schedule, conv: s_tir.SBlockRV, rank: int, vec:
         sch.transform_layout(conv, ("write", 0), lambda a, b, c, d, e: (a, b // vec, c, d, e, b % vec))
     sch.reverse_compute_at(writer, x_outer)
     if tile_x >= 4:
-        sch.vectorize(sch.get_loops(writer)[-1])
+        vectorize_write_back(sch, writer)
     sch.parallel(sch.fuse(n_outer, f_outer, *outer, x_outer))
     if vec > 1:
         sch.vectorize(f_inner)
@@ -225,7 +225,7 @@ class GroupedConvNCX(dlight.ScheduleRule):
         writer = attach_epilogue(sch, conv, epilogue)
         sch.reverse_compute_at(writer, x_outer)
         if tile_x >= 4:
-            sch.vectorize(sch.get_loops(writer)[-1])
+            vectorize_write_back(sch, writer)
             sch.vectorize(x_inner)
         sch.parallel(sch.fuse(n, c, *outer, x_outer))
         sch.decompose_reduction(conv, reduction[0])

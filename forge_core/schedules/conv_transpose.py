@@ -53,7 +53,7 @@ from tvm.sym import Analyzer
 from forge_core.schedules.blocks import blocks, extent, largest_divisor, linear_terms, name_of, vector_unit
 from forge_core.schedules.conv2d import PREPACK
 from forge_core.schedules.dynamic_conv import clamp_last_tile
-from forge_core.schedules.epilogue import attach_epilogue, schedule_padding, split_epilogue
+from forge_core.schedules.epilogue import attach_epilogue, schedule_padding, split_epilogue, vectorize_write_back
 from forge_core.schedules.rewrite import (
     alloc, const, dims_of, dtype_of, load, replace_stages, shape_of, stage, top_level_blocks)
 
@@ -383,7 +383,7 @@ def _tile_by_channels(sch: s_tir.Schedule, conv: s_tir.SBlockRV, unit, t: Transp
         sch.transform_layout(conv, ("write", 0), lambda a, b, y, x: (a, b // vec, y, x, b % vec))
     sch.reverse_compute_at(writer, x_outer)
     if tile_x >= 4:
-        sch.vectorize(sch.get_loops(writer)[-1])
+        vectorize_write_back(sch, writer)
     if dynamic:
         sch.parallel(rows[-1] if rows else f_outer)
     else:

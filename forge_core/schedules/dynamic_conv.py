@@ -47,7 +47,9 @@ from tvm.s_tir import dlight
 from forge_core.schedules.blocks import blocks, extent, iter_kinds, largest_divisor, name_of, producer, x_stride, \
     sole_block, vector_unit
 from forge_core.schedules.conv2d import PREPACK, _tile_for_16_registers, tile_convolution
-from forge_core.schedules.epilogue import attach_epilogue, parallel_vectorized, schedule_padding, split_epilogue
+from forge_core.schedules.epilogue import (
+    attach_epilogue, parallel_vectorized, schedule_padding, split_epilogue, vectorize_write_back,
+)
 from forge_core.schedules.plane_padding import read_padding, pad_by_planes
 from forge_core.schedules.rewrite import substitute
 
@@ -200,7 +202,7 @@ def tile_planes_clamped(sch: s_tir.Schedule, block: s_tir.SBlockRV, n: s_tir.Loo
     sch.reorder(n, c, *rows, x_outer, *window, x_inner)
     writer = attach_epilogue(sch, block, epilogue)
     sch.reverse_compute_at(writer, x_outer)
-    sch.vectorize(sch.get_loops(writer)[-1])
+    vectorize_write_back(sch, writer)
     planes = sch.fuse(n, c)
     sch.parallel(planes)
     sch.vectorize(x_inner)

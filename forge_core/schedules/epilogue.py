@@ -45,6 +45,19 @@ def attach_epilogue(sch: s_tir.Schedule, main: s_tir.SBlockRV, epilogue: s_tir.S
     return epilogue
 
 
+def vectorize_write_back(sch: s_tir.Schedule, block: s_tir.SBlockRV) -> None:
+    """Vectorize ``block``'s innermost loop when that loop holds ``block`` alone.
+
+    A write-back moved under a tile loop (``reverse_compute_at``) gets a loop of its own there only when the
+    tile is wider than one; at a tile of one its innermost loop is the tile loop itself, which also holds the
+    reduction. Vectorized, that loop ran the reduction's serial loops as vectors: wrong numbers, no error (a
+    depthwise convolution with 37, 61 or 71 outputs per row, whose only tile below 32 is one).
+    """
+    loops = sch.get_loops(block)
+    if loops and len(sch.get_child_blocks(loops[-1])) == 1:
+        sch.vectorize(loops[-1])
+
+
 def parallel_vectorized(sch: s_tir.Schedule, block: s_tir.SBlockRV, lanes: int) -> None:
     """Parallel over the fused outer loops, vectorized innermost loop (an injective block)."""
     loops = sch.get_loops(block)

@@ -6,7 +6,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight
 
 from forge_core.schedules.blocks import blocks, extent, largest_divisor, name_of, sole_block, vector_unit, x_stride
-from forge_core.schedules.epilogue import attach_epilogue, schedule_padding, split_epilogue
+from forge_core.schedules.epilogue import attach_epilogue, schedule_padding, split_epilogue, vectorize_write_back
 
 MAX_ROW_TILE = 32
 
@@ -42,7 +42,7 @@ class GroupedConv2dNCHW(dlight.ScheduleRule):
             sch.reorder(n, c, y, x_outer, rc, ry, rx, x_inner)
         writer = attach_epilogue(sch, conv, epilogue)
         sch.reverse_compute_at(writer, x_outer)
-        sch.vectorize(sch.get_loops(writer)[-1])
+        vectorize_write_back(sch, writer)
         planes = sch.fuse(n, c)
         sch.parallel(planes)
         pads = [b for b in blocks(sch) if name_of(sch, b).startswith("pad_temp")]

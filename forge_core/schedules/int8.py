@@ -61,7 +61,9 @@ from tvm.s_tir import dlight
 from forge_core.schedules import dot_intrinsics
 from forge_core.schedules.blocks import blocks, extent, is_static, iter_kinds, largest_divisor, name_of, producer
 from forge_core.schedules.conv2d import PREPACK
-from forge_core.schedules.epilogue import attach_epilogue, inline_side_inputs, parallel_vectorized, split_epilogue
+from forge_core.schedules.epilogue import (
+    attach_epilogue, inline_side_inputs, parallel_vectorized, split_epilogue, vectorize_write_back,
+)
 
 LANES = 16
 UNIT = 4
@@ -356,7 +358,7 @@ class Int8Conv2dNCHW(dlight.ScheduleRule):
         sch.transform_layout(conv, ("write", 0), lambda a, b, c, d: (a, b // lanes, c, d, b % lanes))
         sch.reverse_compute_at(writer, x_outer)
         if not store_transposed(sch, writer, x_outer, lanes) and tile_x >= 4:
-            sch.vectorize(sch.get_loops(writer)[-1])
+            vectorize_write_back(sch, writer)
         sch.parallel(sch.fuse(n, f_outer, y))
         sch.unroll(x_inner)
         sch.unroll(f_vectors)

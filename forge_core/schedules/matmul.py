@@ -8,7 +8,7 @@ from tvm.s_tir import dlight
 from forge_core.schedules.blocks import (blocks, extent, is_static, iter_kinds, largest_divisor, name_of,
                                          vector_unit, vectorize_by_registers)
 from forge_core.schedules.conv2d import PREPACK
-from forge_core.schedules.epilogue import attach_epilogue, split_epilogue
+from forge_core.schedules.epilogue import attach_epilogue, split_epilogue, vectorize_write_back
 
 MAX_ROWS = 8
 
@@ -72,7 +72,7 @@ class Matmul(dlight.ScheduleRule):
         writer = attach_epilogue(sch, mm, epilogue)
         sch.reverse_compute_at(writer, j_outer)
         if vec > 1:
-            sch.vectorize(sch.get_loops(writer)[-1])
+            vectorize_write_back(sch, writer)
         sch.parallel(sch.fuse(*batch, i_outer, j_outer))
         if unit.registers <= 16 and vec > 1:
             # A classifier's GEMV, 1x1280 by 1280x1000, a row of 5 vectors: 1.00 -> 0.75 ms.

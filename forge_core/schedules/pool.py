@@ -25,7 +25,7 @@ from tvm.s_tir import dlight
 from forge_core.schedules.blocks import (blocks, extent, iter_kinds, name_of, plane_loops, sole_block, vector_unit,
                                         x_stride)
 from forge_core.schedules.dynamic_conv import tile_planes_clamped
-from forge_core.schedules.epilogue import attach_epilogue, schedule_padding, split_epilogue
+from forge_core.schedules.epilogue import attach_epilogue, schedule_padding, split_epilogue, vectorize_write_back
 from forge_core.schedules.grouped_conv2d import MAX_ROW_TILE, deinterleave
 
 
@@ -65,7 +65,7 @@ class WindowPoolNCX(dlight.ScheduleRule):
             if deinterleaved:
                 sch.unroll(sch.get_loops(pads[0])[-2])  # the parity: constant in each copy loop
         if tile_x >= 4:
-            sch.vectorize(sch.get_loops(writer)[-1])
+            vectorize_write_back(sch, writer)
             sch.vectorize(x_inner)
         sch.decompose_reduction(pool, window[0])
         schedule_padding(sch, lanes)
