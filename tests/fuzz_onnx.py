@@ -220,6 +220,33 @@ def _helper_models() -> dict[str, onnx.ModelProto]:
          _init(rng, "beta", (hidden,)), _init(rng, "qkv", (hidden, 3 * hidden)), _init(rng, "qkv_bias", (3 * hidden,)),
          _init(rng, "skip_bias", (hidden,)), _init(rng, "gelu_bias", (hidden,))],
         domains={"com.microsoft": 1})
+    # Loop and Scan (forge_onnx/loops.py); trip counts bounded by a tensor's dims, so that a flipped byte cannot
+    # make either runtime loop for ages: a running sum scanned over axis 1, then a loop over the same steps that
+    # stops once its state grows past a limit.
+    scan_body = helper.make_graph([
+        helper.make_node("Add", ["sum_in", "x_t"], ["sum_out"], "scan_add"),
+        helper.make_node("Tanh", ["sum_out"], ["seen"], "scan_tanh"),
+    ], "scan_body", [_vi("sum_in", f, [1, 4]), _vi("x_t", f, [1, 4])], [_vi("sum_out", f, [1, 4]), _vi("seen", f, [1, 4])])
+    loop_body = helper.make_graph([
+        helper.make_node("MatMul", ["h_in", "w"], ["hw"], "loop_matmul"),
+        helper.make_node("Add", ["hw", "h_in"], ["h_out"], "loop_add"),
+        helper.make_node("ReduceL2", ["h_out"], ["norm"], "loop_norm", keepdims=0),
+        helper.make_node("Less", ["norm", "limit"], ["go"], "loop_go"),
+        helper.make_node("Sigmoid", ["h_out"], ["h_seen"], "loop_seen"),
+    ], "loop_body", [_vi("i", TensorProto.INT64, []), _vi("cond", TensorProto.BOOL, []), _vi("h_in", f, [1, 4])],
+        [_vi("go", TensorProto.BOOL, []), _vi("h_out", f, [1, 4]), _vi("h_seen", f, [1, 4])])
+    models["control_flow"] = _model("control_flow", [
+        helper.make_node("Scan", ["s0", "x"], ["s", "ys"], "scan", body=scan_body, num_scan_inputs=1,
+                         scan_input_axes=[1], scan_output_axes=[1]),
+        helper.make_node("Shape", ["x"], ["dims"], "dims"),
+        helper.make_node("Gather", ["dims", "one"], ["steps"], "steps", axis=0),
+        helper.make_node("Loop", ["steps", "", "s"], ["h", "hs"], "loop", body=loop_body),
+        helper.make_node("ReduceSum", ["hs", "zero"], ["h_total"], "h_total", keepdims=0),
+        helper.make_node("Add", ["h", "h_total"], ["y"], "y"),
+    ], [_vi("s0", f, [1, 4]), _vi("x", f, [1, 6, 4])], [_vi("y", f, [1, 4]), _vi("ys", f, [1, 6, 4])],
+        [_init(rng, "w", (4, 4)), numpy_helper.from_array(np.array(1, np.int64), "one"),
+         numpy_helper.from_array(np.array([0], np.int64), "zero"),
+         numpy_helper.from_array(np.array(20.0, np.float32), "limit")])
     return models
 
 

@@ -495,3 +495,29 @@ def test_resize_by_a_scale_that_gives_a_fractional_size_is_refused():
         forge.from_onnx(model)
     model.graph.input[0].type.tensor_type.shape.dim[3].dim_value = 14  # 7 exactly: same numbers
     check(model, {"x": rand(1, 3, 6, 14)})
+
+
+@pytest.mark.parametrize("depth, values, axis", [
+    (np.array([5], np.int64), np.array([0.0, 1.0], np.float32), -1),   # Paddle2ONNX: depth as a [1] tensor
+    (np.array(4.0, np.float32), np.array([-2.5, 3.0], np.float32), 0),  # ONNX allows any numeric depth
+    (np.array(6, np.int64), np.array([1, 7], np.int64), 1),
+])
+def test_one_hot_takes_every_depth_form_and_keeps_the_values_dtype(depth, values, axis):
+    """TVM's converter took an integer scalar depth only, and made float32 values a float64 tensor."""
+    indices = np.array([[0, 3, -1], [2, -4, 9]], np.int64)  # negative ones count from the end; 9 is off the end
+    model = _one_node("OneHot", [("indices", TensorProto.INT64, [2, 3])],
+                      [("y", helper.np_dtype_to_tensor_dtype(values.dtype), ["a", "b", "c"])], opset=11,
+                      initializers=[numpy_helper.from_array(depth, "depth"), numpy_helper.from_array(values, "values")],
+                      axis=axis)
+    check(model, {"indices": indices})
+
+
+def test_resize_to_sizes_beside_an_empty_scales_tensor():
+    """Paddle2ONNX writes empty roi and scales tensors beside the sizes; onnxruntime reads an empty one as absent
+    (TVM's converter refused: "Only one of scales and sizes can be provided")."""
+    model = _one_node("Resize", [("x", FLOAT, [1, 2, 5, 6])], [("y", FLOAT, [1, 2, 10, 9])], opset=13,
+                      initializers=[numpy_helper.from_array(np.zeros(0, np.float32), "roi"),
+                                    numpy_helper.from_array(np.zeros(0, np.float32), "scales"),
+                                    numpy_helper.from_array(np.array([1, 2, 10, 9], np.int64), "sizes")],
+                      mode="nearest", coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+    check(model, {"x": rand(1, 2, 5, 6)})

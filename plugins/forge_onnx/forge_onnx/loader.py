@@ -32,6 +32,7 @@ from forge_onnx import graph_rewrites, validation
 from forge_onnx.constant_folding import fold_if_constant, scalar_float_constant, static_shape_constant
 from forge_onnx.converters import ConverterContext, constant_value
 from forge_onnx.import_passes import build_ir_module
+from forge_onnx.loops import LoopImporter
 from forge_onnx.model_file import describe_source, read_model
 from forge_onnx.operand_dims import match_operand_dims
 from forge_onnx.operator_support import check_operators, iter_nodes
@@ -83,7 +84,7 @@ def _branch_key(graph: onnx.GraphProto) -> tuple[str, ...]:
     return (graph.name, *(output.name for output in graph.output))
 
 
-class _ForgeImporter(ONNXGraphImporter):
+class _ForgeImporter(LoopImporter, ONNXGraphImporter):
     """TVM's importer, with the registered converters first, shape values turned into tensors for the
     operators that take tensors only, and every per-node failure named."""
 
@@ -97,6 +98,14 @@ class _ForgeImporter(ONNXGraphImporter):
         self._branch_siblings: dict[tuple[str, ...], tuple[str, onnx.GraphProto]] = {}
         self._branch_depth_failing = False
         self._branch_results: dict[tuple[str, ...], Any] = {}
+        self._loop_functions: list[tuple[relax.GlobalVar, relax.Function]] = []
+
+    def from_onnx(self, graph: Any, opset: int) -> tvm.IRModule:
+        """TVM's conversion, plus the functions that Loop and Scan nodes call (``forge_onnx.loops``)."""
+        mod = super().from_onnx(graph, opset)
+        for gv, function in self._loop_functions:
+            mod[gv] = function
+        return mod
 
     def _parse_attr(self, attr_proto: Any) -> dict[str, Any]:
         """TVM's attribute parsing, plus sparse tensors and empty lists (which it rejects)."""
@@ -281,6 +290,11 @@ class _ForgeImporter(ONNXGraphImporter):
         try:
             if domain in ("", "ai.onnx"):
                 inputs = match_operand_dims(self.bb, op_name, inputs, attrs)
+            if converter is None and op_name in ("Loop", "Scan") and domain in ("", "ai.onnx"):
+                if op_name == "Scan" and opset < 9:
+                    raise ValueError("Scan before opset 9 (a batch axis and sequence_lens) is not supported; "
+                                     "convert the model to opset 9 or later (onnx.version_converter)")
+                return self.convert_loop(op_name, node, list(inputs), attrs)
             if converter is not None:
                 plain = {k: v for k, v in attrs.items() if k != "tvm_custom"}
                 context = ConverterContext(opset, node, domain, self, attrs)

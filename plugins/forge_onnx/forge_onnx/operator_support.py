@@ -11,7 +11,7 @@ from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 from forge_core.errors import UnsupportedOperatorError
 
 # Handled by the importer itself rather than through its converter table.
-_BUILT_INTO_IMPORTER = {"If", "Constant"}
+_BUILT_INTO_IMPORTER = {"If", "Constant", "Loop", "Scan"}
 # onnxruntime's com.microsoft operators that share their name with an ONNX operator of TVM's table, which
 # converts them too. Any other ONNX operator placed in that domain does not exist there.
 _MICROSOFT_NAMESAKES = frozenset({"Attention", "Gelu", "QuantizeLinear", "DequantizeLinear", "Range", "Trilu",

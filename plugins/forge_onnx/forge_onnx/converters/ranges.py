@@ -1,9 +1,11 @@
-"""Range over lengths known symbolically, so that positions keep the sequence's own dim."""
+"""Range over lengths known symbolically, so that positions keep the sequence's own dim; OneHot's depth in
+any of the forms ONNX allows."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import tvm
 from tvm import relax, tirx
 
@@ -40,4 +42,27 @@ def range_(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], con
     return relax.op.arange(start, limit, delta, dtype)
 
 
-CONVERTERS = {"Range": range_}
+def one_hot(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], context: ConverterContext) -> relax.Expr:
+    """OneHot with a constant depth, which may be a one-element tensor (``[30]``, Paddle2ONNX) or of a float
+    type, as ONNX allows; the output of the values' dtype (TVM's converter gave float64 for float32 values)."""
+    indices, depth, values = inputs[0], inputs[1], inputs[2]
+    if not isinstance(depth, tvm.ir.GenericConst) or not isinstance(values, tvm.ir.GenericConst):
+        raise ValueError("OneHot with a depth or values computed at run time is not supported; they must be "
+                         "constants (initializers or Constant nodes)")
+    depth_values = np.asarray(depth.value.numpy()).reshape(-1)
+    if depth_values.size != 1:
+        raise ValueError(f"OneHot's depth must hold one value; it holds {depth_values.size}")
+    count = int(depth_values[0])
+    dtype = str(values.ty.dtype)
+    off, on = np.asarray(values.value.numpy()).reshape(-1)[:2].tolist()
+    make = tvm.tirx.FloatImm if "float" in dtype else tvm.tirx.IntImm
+    index_dtype = str(indices.ty.dtype)
+    # ONNX counts a negative index from the end; an index outside [-depth, depth) gives a row of off values.
+    extent = relax.const(count, index_dtype)
+    indices = bb.emit(relax.op.where(relax.op.less(indices, relax.const(0, index_dtype)),
+                                     relax.op.add(indices, extent), indices))
+    return relax.op.one_hot(indices, relax.prim_value(make(dtype, on)), relax.prim_value(make(dtype, off)), count,
+                            int(attrs.get("axis", -1)))
+
+
+CONVERTERS = {"Range": range_, "OneHot": one_hot}

@@ -28,6 +28,10 @@ def _values(expr: Any) -> np.ndarray | None:
     return array if array.size else None
 
 
+def _is_empty_constant(expr: Any) -> bool:
+    return isinstance(expr, tvm.ir.GenericConst) and int(np.prod(expr.value.shape)) == 0
+
+
 def _attr(attrs: dict[str, Any], name: str, default: str) -> str:
     value = attrs.get(name, default)
     return value.decode() if isinstance(value, bytes) else str(value)
@@ -155,7 +159,9 @@ def _integer_upsampling(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[s
 
 def resize(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], context: ConverterContext) -> relax.Expr:
     """Resize with ``axes`` and ``keep_aspect_ratio_policy`` expanded to full-rank sizes; nearest-pixel
-    upsampling by whole scales as ``repeat`` (:func:`_integer_upsampling`)."""
+    upsampling by whole scales as ``repeat`` (:func:`_integer_upsampling`). An empty constant roi or scales
+    is absent, as onnxruntime reads it (Paddle2ONNX writes sizes beside an empty scales)."""
+    inputs = [None if index in (1, 2) and _is_empty_constant(value) else value for index, value in enumerate(inputs)]
     upsampled = _integer_upsampling(bb, inputs, attrs)
     if upsampled is not None:
         return upsampled
