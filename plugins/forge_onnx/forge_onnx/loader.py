@@ -110,6 +110,7 @@ class _ForgeImporter(LoopImporter, ONNXGraphImporter):
         self._branch_depth_failing = False
         self._branch_results: dict[tuple[str, ...], Any] = {}
         self._loop_functions: list[tuple[relax.GlobalVar, relax.Function]] = []
+        self._stacked_sequences: list[relax.Expr] = []
 
     def from_onnx(self, graph: Any, opset: int) -> tvm.IRModule:
         """TVM's conversion, plus the functions that Loop and Scan nodes call (``forge_onnx.loops``)."""
@@ -306,6 +307,10 @@ class _ForgeImporter(LoopImporter, ONNXGraphImporter):
                     raise ValueError("Scan before opset 9 (a batch axis and sequence_lens) is not supported; "
                                      "convert the model to opset 9 or later (onnx.version_converter)")
                 return self.convert_loop(op_name, node, list(inputs), attrs)
+            if self._stacked_sequences and op_name.startswith(("Sequence", "ConcatFromSequence")):
+                stacked = self.read_stacked_sequence(op_name, node, list(inputs), attrs)
+                if stacked is not None:
+                    return self.bb.normalize(stacked)
             if converter is not None:
                 plain = {k: v for k, v in attrs.items() if k != "tvm_custom"}
                 context = ConverterContext(opset, node, domain, self, attrs)

@@ -86,6 +86,41 @@ def _free_names(graph: onnx.GraphProto) -> list[str]:
     return list(free)
 
 
+def _is_empty_sequence(value: Any) -> bool:
+    return isinstance(value, relax.Tuple) and len(value.fields) == 0
+
+
+def _appended_sequences(body: onnx.GraphProto, carried_names: list[str], carried_out: list[str],
+                        initial: list[Any]) -> dict[int, tuple[onnx.NodeProto, str]]:
+    """The carried sequences that start empty and to which each iteration appends one tensor, by slot: the
+    ``SequenceInsert`` node and the tensor. The torch exporter writes a Python list appended in a loop so
+    (``outs.append(x)``, then ``torch.stack(outs)``); Forge stacks the tensors as a scan output."""
+    found = {}
+    for k, (name, out) in enumerate(zip(carried_names, carried_out, strict=True)):
+        if not _is_empty_sequence(initial[k]):
+            continue
+        readers = [n for n in body.node if name in n.input] + [n for n in body.node for a in n.attribute
+                                                               if a.type == onnx.AttributeProto.GRAPH
+                                                               and name in _free_names(a.g)]
+        if len(readers) != 1:
+            continue
+        insert = readers[0]
+        if insert.op_type != "SequenceInsert" or list(insert.output) != [out] or insert.input[0] != name \
+                or len([i for i in insert.input if i]) != 2 or out in {o.name for o in body.output} - {out}:
+            continue
+        found[k] = (insert, insert.input[1])
+    return found
+
+
+def _without_nodes(body: onnx.GraphProto, dropped: set[str]) -> onnx.GraphProto:
+    """A copy of ``body`` without the nodes whose first output is in ``dropped``."""
+    copy = onnx.GraphProto()
+    copy.CopyFrom(body)
+    del copy.node[:]
+    copy.node.extend(n for n in body.node if not (n.output and n.output[0] in dropped))
+    return copy
+
+
 def _tensor_type(value: relax.Expr, what: str, node: str, op: str) -> relax.TensorType:
     ty = getattr(value, "ty", None)
     if not isinstance(ty, relax.TensorType) or ty.ndim < 0:
@@ -166,6 +201,7 @@ class LoopImporter:
     _nodes: dict[str, Any]
     _branch_stack: list[Any]
     _loop_functions: list[tuple[relax.GlobalVar, relax.Function]]
+    _stacked_sequences: list[relax.Expr]
 
     # The importer's own methods.
     _construct_nodes: Callable[[Any], None]
@@ -190,12 +226,69 @@ class LoopImporter:
             raise OperatorConversionError("onnx", "Loop", node, ValueError(
                 f"its body takes {len(names)} inputs and gives {len(outs)} outputs; a Loop with {len(initial)} "
                 f"carried values needs {2 + len(initial)} inputs and at least {1 + len(initial)} outputs"))
-        loop = _Loop(node, body, names[0], names[1], names[2:], initial, outs[0], outs[1:1 + len(initial)],
-                     outs[1 + len(initial):])
+        carried_names, carried_out = names[2:], outs[1:1 + len(initial)]
+        appended = _appended_sequences(body, carried_names, carried_out, initial)
+        kept = [k for k in range(len(initial)) if k not in appended]
+        if appended:
+            body = _without_nodes(body, {node.output[0] for node, _ in appended.values()})
+        loop = _Loop(node, body, names[0], names[1], [carried_names[k] for k in kept], [initial[k] for k in kept],
+                     outs[0], [carried_out[k] for k in kept],
+                     outs[1 + len(initial):] + [value for _, value in appended.values()])
         stop = self._scalar(trip, "int64", _INT64_MAX)
         start_cond = self._scalar(cond, "bool", True)
         final_carried, scanned = self._run(loop, stop, start_cond, "Loop")
-        return relax.Tuple(final_carried + scanned)
+        # Each appended sequence comes back as its stacked tensor, which ConcatFromSequence, SequenceAt and
+        # SequenceLength read (read_stacked_sequence).
+        stacked = scanned[len(scanned) - len(appended):]
+        finals = iter(final_carried)
+        by_slot = dict(zip(appended, stacked, strict=True))
+        carried_results = []
+        for k in range(len(initial)):
+            if k in by_slot:
+                self._stacked_sequences.append(by_slot[k])
+                carried_results.append(by_slot[k])
+            else:
+                carried_results.append(next(finals))
+        return relax.Tuple(carried_results + scanned[: len(scanned) - len(appended)])
+
+    def read_stacked_sequence(self, op: str, node: str, inputs: Sequence[Any], attrs: dict[str, Any]) -> Any:
+        """``op`` on a sequence that a Loop built by appending (now one stacked tensor); None when ``inputs[0]`` is
+        no such sequence."""
+        stacked = inputs[0] if inputs else None
+        if stacked is None or not any(stacked.same_as(s) for s in self._stacked_sequences):
+            return None
+        rank = stacked.ty.ndim
+        if op == "ConcatFromSequence":
+            axis = int(attrs.get("axis", 0))
+            if int(attrs.get("new_axis", 0)):
+                axis = axis + rank if axis < 0 else axis  # the new axis counts in the result's rank
+                order = list(range(1, axis + 1)) + [0] + list(range(axis + 1, rank))
+                return relax.op.permute_dims(stacked, order) if axis else stacked
+            axis = axis + rank - 1 if axis < 0 else axis
+            # Concatenated along axis: the stacking axis moved next to it, then the two merged.
+            order = list(range(1, axis + 1)) + [0] + list(range(axis + 1, rank))
+            moved = self.bb.emit(relax.op.permute_dims(stacked, order)) if axis else stacked
+            dims = list(moved.ty.shape.values)
+            merged = dims[:axis] + [dims[axis] * dims[axis + 1]] + dims[axis + 2:]
+            return relax.op.reshape(moved, relax.ShapeExpr(merged))
+        if op == "SequenceLength":
+            return relax.op.take(relax.op.shape_to_tensor(relax.op.shape_of(stacked)), relax.const(0, "int64"),
+                                 axis=0)
+        if op == "SequenceAt":
+            position = inputs[1]
+            length = relax.op.take(relax.op.shape_to_tensor(relax.op.shape_of(stacked)), relax.const(0, "int64"),
+                                   axis=0)
+            position = self.bb.emit(relax.op.astype(position, "int64"))
+            index = self.bb.emit(relax.op.where(relax.op.less(position, relax.const(0, "int64")),
+                                                relax.op.add(position, length), position))
+            self.bb.emit(relax.op.assert_op(
+                relax.op.logical_and(relax.op.greater_equal(index, relax.const(0, "int64")),
+                                     relax.op.less(index, length)), [position, length],
+                f"{RUN_TIME_CHECK}SequenceAt {node!r}: position {{}} is outside the sequence of {{}} tensors"))
+            return relax.op.take(stacked, index, axis=0)
+        raise OperatorConversionError("onnx", op, node, TypeError(
+            "it reads a sequence that a Loop built by appending, which Forge holds as one stacked tensor: only "
+            "ConcatFromSequence, SequenceAt and SequenceLength read it"))
 
     def _convert_scan(self, node: str, inputs: Sequence[Any], attrs: dict[str, Any]) -> relax.Tuple:
         body = attrs["body"]
