@@ -344,3 +344,49 @@ def test_an_emulated_raspberry_pi_serves_forge_run_through_the_rpc_tracker(model
         assert done.returncode == 0, done.stderr[-3000:]
         assert "load_module" in farm.processes[-1].text()  # the board loaded the library
     np.testing.assert_allclose(np.load(tmp_path / "out" / "output_0.npy"), want, rtol=1e-5, atol=1e-5)
+
+
+_LOOP_RUNNER = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+import forge_runtime
+runtime = forge_runtime.Runtime(sys.argv[2])
+cases = np.load(sys.argv[3])
+outputs = {}
+for case in sorted({name.split("/")[0] for name in cases.files}):
+    got = runtime.infer(*[cases[f"{case}/{name}"] for name in ("x0", "M", "go", "b")])
+    outputs.update({f"{case}/{i}": value for i, value in enumerate(got)})
+np.savez(sys.argv[4], **outputs)
+"""
+
+
+def test_an_onnx_loop_runs_under_qemu(arm64_root, tmp_path):
+    """A Loop (forge_onnx/loops.py: a Relax function calling itself, in chunks) compiled for raspberry-pi/5 and
+    run by Debian's arm64 Python, 0 to 20 000 iterations, a dynamic row count: onnxruntime's numbers."""
+    from test_onnx_loops import _affine_loop
+
+    model = _affine_loop()
+    forge.from_onnx(model).compile(target="raspberry-pi/5", output_path=tmp_path / "artifact")
+    forge.bundle(tmp_path / "artifact", "linux-aarch64", tmp_path / "bundle")
+    rng = np.random.default_rng(6)
+    cases = {}
+    for index, (rows, trips) in enumerate([(2, 0), (3, 7), (1, 20_000)]):
+        # a of the model is (1.1, 0.9, 1.05): with b small, |x| stays under the limit for all 20 000 steps
+        scale = 1e-3 if trips > 100 else 1.0
+        cases.update({f"c{index}/x0": (scale * rng.standard_normal((rows, 3))).astype(np.float32),
+                      f"c{index}/M": np.array(trips, np.int64), f"c{index}/go": np.array(True),
+                      f"c{index}/b": (scale * rng.standard_normal((rows, 3))).astype(np.float32)})
+    np.savez(tmp_path / "cases.npz", **cases)
+    (tmp_path / "runner.py").write_text(_LOOP_RUNNER)
+    outputs = run_under_qemu(arm64_root, tmp_path, tmp_path / "bundle", tmp_path / "artifact", tmp_path / "cases.npz")
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for index in range(3):
+        feeds = {name: cases[f"c{index}/{name}"] for name in ("x0", "M", "go", "b")}
+        for position, want in enumerate(session.run(None, feeds)):
+            got = outputs[f"c{index}/{position}"]
+            if want.size == 0:
+                assert got.size == 0
+                continue
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()),
+                                       err_msg=f"case {index}, output {position}")

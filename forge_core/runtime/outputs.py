@@ -35,8 +35,12 @@ def aligned_copy(array: np.ndarray) -> np.ndarray:
 
 
 def to_device(array: np.ndarray, device: tvm.runtime.Device) -> tvm.runtime.Tensor:
-    """``array`` as a VM argument on ``device`` (CPU: shared when aligned and writable, else one aligned copy)."""
-    if device.dlpack_device_type() != 1 or array.dtype.kind not in "biuf" or array.dtype.itemsize > 8 \
+    """``array`` as a VM argument on ``device`` (CPU: shared when aligned and writable, else one aligned copy).
+
+    Bool arrays are copied: numpy before 1.25 (Debian 12's, on a board) exports no bool through DLPack
+    ("DLPack only supports signed/unsigned integers, float and complex dtypes").
+    """
+    if device.dlpack_device_type() != 1 or array.dtype.kind not in "iuf" or array.dtype.itemsize > 8 \
             or array.size == 0:
         return tvm.runtime.tensor(array, device)  # TVM's DLPack import refuses empty arrays' strides
     if not (array.flags.writeable and _aligned(array) and array.strides == _compact_strides(array)):
