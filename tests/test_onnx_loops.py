@@ -314,3 +314,16 @@ def test_a_tensorflow_while_loop_exported_by_tf2onnx_gives_tensorflows_numbers()
             for g, w in zip(got, want, strict=True):
                 assert g.shape == w.shape
                 np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_a_loop_compiles_for_cuda_with_its_kernels_as_machine_code(tmp_path):
+    """No GPU here: nvcc builds the body's kernels; the loop itself is the VM's, whose If reads a condition on
+    the device by a copy to the host."""
+    import shutil
+
+    from cuda_checks import check_cuda_library
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not installed (the CUDA toolkit)")
+    forge.from_onnx(_decoder(40)).compile(target="cuda -arch=sm_90", output_path=tmp_path / "artifact")
+    assert check_cuda_library(tmp_path / "artifact" / "model_library.so", "sm_90")
