@@ -602,3 +602,29 @@ def test_compiled_keras_model_runs_in_the_runtime(rng, tmp_path):
         warnings.simplefilter("ignore")
         outputs = forge.Runtime(tmp_path / "m").infer(features, ids)
     assert_close(outputs, keras_reference(model, features, ids))
+
+
+def test_tflite_fill_with_a_constant_value(rng):
+    """FILL whose value is a constant tensor (Keras 3's LSTM and GRU fill their buffers so) failed in TVM's
+    converter with ``KeyError: 'arith.constant'``; over a dynamic batch (so that the converter keeps the FILL),
+    against the interpreter."""
+    import tensorflow as tf
+    import tflite
+
+    @tf.function(input_signature=[tf.TensorSpec((None, 5), tf.float32)])
+    def model(x):
+        filled = tf.fill(tf.shape(x)[:1] * 2, 2.5)
+        return x + tf.reduce_sum(filled)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        data = tf.lite.TFLiteConverter.from_concrete_functions([model.get_concrete_function()], model).convert()
+    parsed = tflite.Model.GetRootAsModel(data, 0)
+    codes = {max(parsed.OperatorCodes(i).BuiltinCode(), parsed.OperatorCodes(i).DeprecatedBuiltinCode())
+             for i in range(parsed.OperatorCodesLength())}
+    assert tflite.BuiltinOperator.FILL in codes
+    ir = forge.from_tflite(data)
+    function = forge.from_tflite(data, shape_dict={ir.input_names[0]: (None, 5)}).get_inference_function()
+    for batch in (2, 3):
+        x = rng.standard_normal((batch, 5)).astype("float32")
+        assert_close(function(x), Interpreter(data)(x))

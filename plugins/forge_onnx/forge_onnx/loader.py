@@ -109,15 +109,7 @@ class _ForgeImporter(LoopImporter, ONNXGraphImporter):
         self._branch_siblings: dict[tuple[str, ...], tuple[str, onnx.GraphProto]] = {}
         self._branch_depth_failing = False
         self._branch_results: dict[tuple[str, ...], Any] = {}
-        self._loop_functions: list[tuple[relax.GlobalVar, relax.Function]] = []
         self._stacked_sequences: list[relax.Expr] = []
-
-    def from_onnx(self, graph: Any, opset: int) -> tvm.IRModule:
-        """TVM's conversion, plus the functions that Loop and Scan nodes call (``forge_onnx.loops``)."""
-        mod = super().from_onnx(graph, opset)
-        for gv, function in self._loop_functions:
-            mod[gv] = function
-        return mod
 
     def _parse_attr(self, attr_proto: Any) -> dict[str, Any]:
         """TVM's attribute parsing, plus sparse tensors and empty lists (which it rejects)."""

@@ -92,6 +92,18 @@ class ForgeOperatorConverter(SymbolicShapes, OperatorConverter):
         self.conversion_state["resource_values"][key] = self.get_tensor_expr(inputs[1])
         return None
 
+    def convert_fill(self, op: Any) -> Any:
+        """FILL whose value is a constant tensor (Keras 3's LSTM and GRU fill their TensorList buffers so); TVM's
+        converter looked the value up among computed tensors only ("KeyError: 'arith.constant'")."""
+        inputs = self.get_input_tensors(op)
+        if len(inputs) != 2:
+            raise tvm.error.OpNotImplemented(f"FILL takes a shape and a value; it has {len(inputs)} inputs")
+        value = self.get_tensor_expr(inputs[1])
+        if isinstance(getattr(value, "ty", None), relax.TensorType) and value.ty.ndim not in (0, -1):
+            value = relax.op.reshape(value, [])
+        shape, _ = self._get_shape_expr_from_tensor(inputs[0], "fill_dim")
+        return relax.op.full(shape, value)
+
     def get_op_code_str(self, op: Any) -> str:
         """TVM's, with a custom operator a plugin converts named by its custom code."""
         code = operator_code(self.model, op)
