@@ -17,8 +17,8 @@ again with the next values, or returns them. :func:`build_loop` builds, for one 
 
 The body runs only inside the ``If`` (an iteration past the end would read past a scanned input). A carried
 value whose shape the body changes (a sequence that grows by one token per iteration) gets its own symbolic
-dims; one whose shape holds keeps it, static where it was. The frontends: ``forge_onnx.loops`` (Loop, Scan)
-and ``forge_tf``'s TFLite ``WHILE``.
+dims; one whose shape holds keeps it, static where it was. In core, for any frontend plugin (plugins do not
+import each other); ``forge_onnx.loops`` builds ONNX's Loop and Scan on it.
 """
 
 from __future__ import annotations
