@@ -21,7 +21,7 @@ import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
 
-from forge_core.errors import ModelImportError, ModelQuirkWarning, OperatorConversionError
+from forge_core.errors import ModelImportError, ModelQuirkWarning, OperatorConversionError, UnsupportedFeatureError
 from forge_core.ir.module import IRModule
 from forge_core.ir.naming import with_output_names
 from forge_core.ir.weights import lift_weights
@@ -296,7 +296,7 @@ class _ForgeImporter(LoopImporter, ONNXGraphImporter):
                 inputs = match_operand_dims(self.bb, op_name, inputs, attrs)
             if converter is None and op_name in ("Loop", "Scan") and domain in ("", "ai.onnx"):
                 if op_name == "Scan" and opset < 9:
-                    raise ValueError("Scan before opset 9 (a batch axis and sequence_lens) is not supported; "
+                    raise UnsupportedFeatureError("Scan before opset 9 (a batch axis and sequence_lens) is not supported; "
                                      "convert the model to opset 9 or later (onnx.version_converter)")
                 return self.convert_loop(op_name, node, list(inputs), attrs)
             if self._stacked_sequences and op_name.startswith(("Sequence", "ConcatFromSequence")):

@@ -9,6 +9,7 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
+from forge_core.errors import InvalidModelError, UnsupportedFeatureError
 from forge_onnx.converters import ConverterContext
 from forge_onnx.symbolic_values import dims_analyzer, prim_dtype, symbolic_ints
 
@@ -47,11 +48,11 @@ def one_hot(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], co
     type, as ONNX allows; the output of the values' dtype (TVM's converter gave float64 for float32 values)."""
     indices, depth, values = inputs[0], inputs[1], inputs[2]
     if not isinstance(depth, tvm.ir.GenericConst) or not isinstance(values, tvm.ir.GenericConst):
-        raise ValueError("OneHot with a depth or values computed at run time is not supported; they must be "
+        raise UnsupportedFeatureError("OneHot with a depth or values computed at run time is not supported; they must be "
                          "constants (initializers or Constant nodes)")
     depth_values = np.asarray(depth.value.numpy()).reshape(-1)
     if depth_values.size != 1:
-        raise ValueError(f"OneHot's depth must hold one value; it holds {depth_values.size}")
+        raise InvalidModelError(f"OneHot's depth must hold one value; it holds {depth_values.size}")
     count = int(depth_values[0])
     dtype = str(values.ty.dtype)
     off, on = np.asarray(values.value.numpy()).reshape(-1)[:2].tolist()
