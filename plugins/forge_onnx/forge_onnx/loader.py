@@ -296,8 +296,9 @@ class _ForgeImporter(LoopImporter, ONNXGraphImporter):
                 inputs = match_operand_dims(self.bb, op_name, inputs, attrs)
             if converter is None and op_name in ("Loop", "Scan") and domain in ("", "ai.onnx"):
                 if op_name == "Scan" and opset < 9:
-                    raise UnsupportedFeatureError("Scan before opset 9 (a batch axis and sequence_lens) is not supported; "
-                                     "convert the model to opset 9 or later (onnx.version_converter)")
+                    raise UnsupportedFeatureError(
+                        "Scan before opset 9 (a batch axis and sequence_lens) is not supported; convert the model to "
+                        "opset 9 or later (onnx.version_converter)")
                 return self.convert_loop(op_name, node, list(inputs), attrs)
             if self._stacked_sequences and op_name.startswith(("Sequence", "ConcatFromSequence")):
                 stacked = self.read_stacked_sequence(op_name, node, list(inputs), attrs)

@@ -48,8 +48,8 @@ def one_hot(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], co
     type, as ONNX allows; the output of the values' dtype (TVM's converter gave float64 for float32 values)."""
     indices, depth, values = inputs[0], inputs[1], inputs[2]
     if not isinstance(depth, tvm.ir.GenericConst) or not isinstance(values, tvm.ir.GenericConst):
-        raise UnsupportedFeatureError("OneHot with a depth or values computed at run time is not supported; they must be "
-                         "constants (initializers or Constant nodes)")
+        raise UnsupportedFeatureError("OneHot with a depth or values computed at run time is not supported; they "
+                                      "must be constants (initializers or Constant nodes)")
     depth_values = np.asarray(depth.value.numpy()).reshape(-1)
     if depth_values.size != 1:
         raise InvalidModelError(f"OneHot's depth must hold one value; it holds {depth_values.size}")

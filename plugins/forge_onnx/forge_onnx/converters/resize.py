@@ -18,7 +18,7 @@ from tvm import relax
 from forge_core.errors import InvalidModelError, ModelImportError, UnsupportedFeatureError
 from forge_core.runtime.signature import RUN_TIME_CHECK
 from forge_onnx.converters import ConverterContext
-from forge_onnx.converters.shapes import static_or_symbolic_dims, static_shape
+from forge_onnx.converters.shapes import run_time_shape, static_or_symbolic_dims, static_shape
 
 
 def _values(expr: Any) -> np.ndarray | None:
@@ -348,16 +348,14 @@ def _to_computed_sizes(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[st
     if isinstance(sizes, relax.ShapeExpr) and all(isinstance(v, tvm.tirx.IntImm) for v in sizes.values):
         return None
     if getattr(x.ty, "ndim", None) != 4:
-        raise UnsupportedFeatureError(f"Resize to sizes computed at run time is supported for 4-D (NCHW) inputs; this input is "
-                         f"{x.ty}")
+        raise UnsupportedFeatureError("Resize to sizes computed at run time is supported for 4-D (NCHW) inputs; "
+                                      f"this input is {x.ty}")
     roi_values = _values(roi)
     if roi is not None and not isinstance(roi, tvm.ir.GenericConst):
         raise UnsupportedFeatureError("Resize with sizes and an roi both computed at run time is not supported")
-    from forge_onnx.converters.shapes import _run_time_shape
-
     # A shape value (sizes taken from another tensor's Shape) keeps its dims; a tensor's values get named ones.
     dims = list(sizes.values) if isinstance(sizes, relax.ShapeExpr) else \
-        list(_run_time_shape(bb, sizes, context.node, "Resize").values)
+        list(run_time_shape(bb, sizes, context.node, "Resize").values)
     if len(dims) != 4:
         raise InvalidModelError(f"Resize's sizes must hold 4 values for a 4-D input; they hold {len(dims)}")
     # The batch and channel sizes must be the input's (Forge resizes the spatial axes only): checked when the
@@ -375,9 +373,9 @@ def _to_computed_sizes(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[st
     if coordinates not in _COMPUTED_SIZE_COORDINATES.get(mode, ()):
         # TVM's resize builds a float ratio of symbolic sizes as an integer in the others (align_corners,
         # asymmetric linear...), and fails to build.
-        raise UnsupportedFeatureError(f"Resize (mode {mode}) with coordinate_transformation_mode={coordinates} to sizes computed "
-                         "at run time is not supported; give the input shapes at import (shape=...) so that the "
-                         "sizes are known")
+        raise UnsupportedFeatureError(
+            f"Resize (mode {mode}) with coordinate_transformation_mode={coordinates} to sizes computed at run time "
+            "is not supported; give the input shapes at import (shape=...) so that the sizes are known")
     if mode == "nearest":
         return _nearest_at_run_time(bb, x, dims, coordinates, _attr(attrs, "nearest_mode", "round_prefer_floor"))
     roi_static = [0.0] * 4

@@ -90,7 +90,7 @@ def _constant_dims(shape_operand: relax.Expr) -> list[int] | None:
     return None
 
 
-def _run_time_shape(bb: relax.BlockBuilder, operand: relax.Expr, node: str,
+def run_time_shape(bb: relax.BlockBuilder, operand: relax.Expr, node: str,
                     op: str = "ConstantOfShape") -> relax.ShapeExpr:
     """A shape whose dims are the run-time values of a 1-D int64 tensor (or a shape value): named dims."""
     ty = operand.ty
@@ -126,7 +126,7 @@ def constant_of_shape(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str
         target = relax.ShapeExpr(dims)
     else:
         values = symbolic_ints(bb, shape_operand)
-        target = relax.ShapeExpr(values) if values is not None else _run_time_shape(bb, shape_operand, context.node)
+        target = relax.ShapeExpr(values) if values is not None else run_time_shape(bb, shape_operand, context.node)
     return relax.op.broadcast_to(relax.const(fill, dtype), target)
 
 
@@ -148,7 +148,7 @@ def expand(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], con
     data_dims = static_or_symbolic_dims(data)
     if data_dims is None:
         raise ModelImportError(f"Expand {context.node!r}: the input's rank must be known, given {data.ty}")
-    target = list(_run_time_shape(bb, shape_operand, context.node, "Expand").values)
+    target = list(run_time_shape(bb, shape_operand, context.node, "Expand").values)
     rank = max(len(target), len(data_dims))
     one = tirx.IntImm("int64", 1)
     data_dims = [one] * (rank - len(data_dims)) + data_dims
