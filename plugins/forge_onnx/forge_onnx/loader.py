@@ -90,6 +90,38 @@ def _takes_shape_values(op_type: str, operands: Sequence[Any]) -> bool:
     return True
 
 
+# An If with a condition known at run time only, converted by ``_ForgeImporter.convert_if`` rather than by
+# TVM's node loops, which handle "If" themselves.
+_RUN_TIME_IF = "If (condition at run time)"
+
+
+def _run_time_if(node: onnx.NodeProto) -> onnx.NodeProto:
+    renamed = onnx.NodeProto()
+    renamed.CopyFrom(node)
+    renamed.op_type = _RUN_TIME_IF
+    return renamed
+
+
+def _fields(value: relax.Expr) -> list[Any]:
+    ty = value.ty
+    return list(ty.fields) if isinstance(ty, relax.TupleType) else [ty]
+
+
+def _ranks(value: relax.Expr) -> str:
+    ranks = [str(ty.ndim) if isinstance(ty, relax.TensorType) and ty.ndim >= 0 else "?" for ty in _fields(value)]
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(ranks)
+
+
+def _same_ranks(then_expr: relax.Expr, else_expr: relax.Expr) -> bool:
+    then_fields, else_fields = _fields(then_expr), _fields(else_expr)
+    if len(then_fields) != len(else_fields):
+        return False
+    for a, b in zip(then_fields, else_fields, strict=True):
+        if isinstance(a, relax.TensorType) and isinstance(b, relax.TensorType) and a.ndim != b.ndim:
+            return False
+    return True
+
+
 def _branch_key(graph: onnx.GraphProto) -> tuple[str, ...]:
     """An If branch's identity: its outputs' names, unique in a model (SSA holds in subgraphs too)."""
     return (graph.name, *(output.name for output in graph.output))
@@ -135,7 +167,7 @@ class _ForgeImporter(LoopImporter, ONNXGraphImporter):
             branch = self._taken_branch(node)
             if branch is None:
                 self._register_branches(node)
-                yield node
+                yield _run_time_if(node) if node.op_type == "If" else node
                 continue
             logger.debug("If %r: its condition is known at import; the %s is taken", node.name, branch.name)
             for init in branch.initializer:
@@ -241,6 +273,40 @@ class _ForgeImporter(LoopImporter, ONNXGraphImporter):
                        "model takes it at run time", node, graph.name, message)
         return zeros[0] if len(zeros) == 1 and not isinstance(other.ty, relax.TupleType) else relax.Tuple(zeros)
 
+    def convert_if(self, node: str, cond: relax.Expr, then_graph: onnx.GraphProto,
+                   else_graph: onnx.GraphProto) -> relax.Expr:
+        """An If whose condition is known at run time only: a Relax If, as TVM's importer builds it, where its
+        branches give values of the same ranks.
+
+        Where they do not (PyTorch exports ``x.squeeze(-1)`` on a dynamic dim as ``If(shape[-1] == 1, Squeeze,
+        Identity)``; Silero VAD's decoder does), no Relax type holds the result, and the next operator that needs
+        a rank could not convert. The If is then specialized, as ``torch.export`` specializes a guard: the
+        importer goes on with the then branch, the one taken when the exporter's test holds, and the model
+        checks the condition at run time, raising :class:`forge.InputError` with the If's name for inputs that
+        take the other branch (onnxruntime runs them; import with static shapes for those).
+        """
+        then_expr = self._convert_subgraph(self.bb, then_graph)
+        else_expr = self._convert_subgraph(self.bb, else_graph)
+        if _same_ranks(then_expr, else_expr):
+            if_result = self.bb.emit(relax.If(cond, relax.SeqExpr([], then_expr), relax.SeqExpr([], else_expr)))
+            if isinstance(if_result.ty, relax.TupleType):
+                return relax.Tuple([self.bb.emit(relax.TupleGetItem(if_result, i))
+                                    for i in range(len(if_result.ty.fields))])
+            return if_result
+        if not (isinstance(cond.ty, relax.TensorType) and cond.ty.ndim == 0):
+            cond = self.bb.emit(relax.op.reshape(cond, []))
+        outer = self.branch_taken()  # the If sits in a branch of another: it is checked when that one runs
+        holds = cond if outer is None else self.bb.emit(relax.op.logical_or(relax.op.logical_not(outer), cond))
+        self.bb.emit(relax.op.assert_op(holds, [], (
+            f"{RUN_TIME_CHECK}If {node!r}: its branches give tensors of different ranks "
+            f"({_ranks(then_expr)} and {_ranks(else_expr)}), and Forge imported the model for its then branch; "
+            f"these inputs take its else branch. Import the model with these inputs' shapes given "
+            f"(from_onnx(shape=...)) to run them")))
+        logger.warning("If %r: its branches give tensors of different ranks (%s and %s) and its condition is known "
+                       "only at run time; the model is imported for its then branch, and inputs that take the else "
+                       "branch raise an error", node, _ranks(then_expr), _ranks(else_expr))
+        return then_expr
+
     def _register_branches(self, node: onnx.NodeProto) -> None:
         if node.op_type != "If":
             return
@@ -294,6 +360,8 @@ class _ForgeImporter(LoopImporter, ONNXGraphImporter):
         try:
             if domain in ("", "ai.onnx"):
                 inputs = match_operand_dims(self.bb, op_name, inputs, attrs)
+            if op_name == _RUN_TIME_IF:
+                return self.convert_if(node, inputs[0], attrs["then_branch"], attrs["else_branch"])
             if converter is None and op_name in ("Loop", "Scan") and domain in ("", "ai.onnx"):
                 if op_name == "Scan" and opset < 9:
                     raise UnsupportedFeatureError(

@@ -29,6 +29,7 @@ import tvm
 from tvm import relax
 
 from forge_core.errors import InvalidModelError, ModelImportError
+from forge_core.runtime.signature import RUN_TIME_CHECK
 from forge_onnx.converters import ConverterContext, constant_value
 from forge_onnx.converters.recurrent_kernel import LANES, RecurrentCell, build_kernel
 from forge_onnx.converters.recurrent_math import activations
@@ -70,7 +71,8 @@ class _Node:
     """The batch: an int, or X's symbolic dim."""
 
 
-def _read(bb: relax.BlockBuilder, kind: str, inputs: list[Any], attrs: dict[str, Any]) -> _Node:
+def _read(bb: relax.BlockBuilder, kind: str, inputs: list[Any], attrs: dict[str, Any],
+          context: ConverterContext) -> _Node:
     x, w, r = inputs[0], inputs[1], inputs[2]
     dtype = str(x.ty.dtype)
     if dtype not in _COMPUTE_DTYPE:
@@ -114,6 +116,8 @@ def _read(bb: relax.BlockBuilder, kind: str, inputs: list[Any], attrs: dict[str,
     if lengths is not None:
         lengths = bb.emit(relax.op.astype(lengths, "int32"))
     initial_h, initial_c = operand(_given(inputs, 5), True), operand(_given(inputs, 6), True)
+    initial_h = _with_batch(bb, initial_h, batch, f"{kind.upper()} {context.node!r} input initial_h", context)
+    initial_c = _with_batch(bb, initial_c, batch, f"{kind.upper()} {context.node!r} input initial_c", context)
     peepholes = operand(_given(inputs, 7)) if kind == "lstm" else None
     clip = attrs.get("clip")
     cell = RecurrentCell(
@@ -132,6 +136,26 @@ def _read(bb: relax.BlockBuilder, kind: str, inputs: list[Any], attrs: dict[str,
     return node
 
 
+def _with_batch(bb: relax.BlockBuilder, state: relax.Expr | None, batch: Any, what: str,
+                context: ConverterContext) -> relax.Expr | None:
+    """A state whose batch is a dynamic dim of its own (Silero VAD's ``state`` input, dims named apart from the
+    audio's): checked at run time to be X's batch, then typed with it, as the kernel takes them."""
+    dims = None if state is None else _dims(state)
+    if dims is None or len(dims) != 3 or isinstance(dims[1], int) or isinstance(batch, int) \
+            or tvm.sym.Analyzer().can_prove_equal(dims[1], batch):
+        return state
+    sizes = bb.emit(relax.op.shape_to_tensor(relax.ShapeExpr([dims[1], batch])))
+    agree = bb.emit(relax.op.equal(relax.op.take(sizes, relax.const(0, "int64")),
+                                   relax.op.take(sizes, relax.const(1, "int64"))))
+    branch = context.branch_taken()
+    if branch is not None:  # in an If branch: checked when the branch runs
+        agree = bb.emit(relax.op.logical_or(relax.op.logical_not(branch), agree))
+    bb.emit(relax.op.assert_op(agree, [sizes], f"{RUN_TIME_CHECK}{what}: its batch (dim 1) must be X's batch; "
+                                                f"given (state, X) {{}}"))
+    bound = state if isinstance(state, relax.Var) else bb.emit(state)
+    return bb.match_cast(bound, relax.TensorType([dims[0], batch, dims[2]], str(state.ty.dtype)))
+
+
 def _dims(value: relax.Expr) -> list[Any] | None:
     """A tensor's dims: ints where static, Relax's expressions where dynamic; None when only its rank is known."""
     dims = static_or_symbolic_dims(value)
@@ -145,8 +169,10 @@ def _same_dims(given: list[Any] | None, want: list[Any]) -> bool:
         if isinstance(a, int) and isinstance(b, int):
             if a != b:
                 return False
-        elif not isinstance(a, int) and not isinstance(b, int) and not tvm.sym.Analyzer().can_prove_equal(a, b):
-            return False  # two dynamic dims Relax cannot relate; a static one against a dynamic is checked at run time
+        elif not isinstance(a, int) and not isinstance(b, int) and tvm.sym.Analyzer().can_prove(a != b):
+            return False
+    # A dynamic dim against a static one, or two dynamic ones Relax cannot relate (X's batch and a state input's,
+    # each named by its graph input), is checked at run time: the kernel binds both to one dim.
     return True
 
 
@@ -264,8 +290,9 @@ def _projection(bb: relax.BlockBuilder, node: _Node, bias: relax.Expr) -> relax.
     return bb.emit(relax.op.reshape(xw, [node.seq, node.batch, cell.directions, cell.tiles, cell.gates, LANES]))
 
 
-def _convert(bb: relax.BlockBuilder, kind: str, inputs: list[Any], attrs: dict[str, Any]) -> relax.Expr:
-    node = _read(bb, kind, inputs, attrs)
+def _convert(bb: relax.BlockBuilder, kind: str, inputs: list[Any], attrs: dict[str, Any],
+             context: ConverterContext) -> relax.Expr:
+    node = _read(bb, kind, inputs, attrs, context)
     cell = node.cell
     bias, h_bias = _biases(bb, node)
     # R^T tiled: [dirs, tiles, gates, LANES, hidden] -> [dirs, tiles, hidden, gates, LANES]
@@ -291,17 +318,17 @@ def _convert(bb: relax.BlockBuilder, kind: str, inputs: list[Any], attrs: dict[s
 
 def rnn(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], context: ConverterContext) -> relax.Expr:
     """RNN: H_t = f(X_t W^T + H_(t-1) R^T + Wb + Rb)."""
-    return _convert(bb, "rnn", inputs, attrs)
+    return _convert(bb, "rnn", inputs, attrs, context)
 
 
 def gru(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], context: ConverterContext) -> relax.Expr:
     """GRU with gates z, r, h; ``linear_before_reset`` as specified."""
-    return _convert(bb, "gru", inputs, attrs)
+    return _convert(bb, "gru", inputs, attrs, context)
 
 
 def lstm(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], context: ConverterContext) -> relax.Expr:
     """LSTM with gates i, o, f, c; peepholes and ``input_forget`` as specified."""
-    return _convert(bb, "lstm", inputs, attrs)
+    return _convert(bb, "lstm", inputs, attrs, context)
 
 
 CONVERTERS = {"RNN": rnn, "GRU": gru, "LSTM": lstm}

@@ -264,7 +264,8 @@ def slice_(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], con
     and the sliced extent becomes ``min(2147483647, n) - min(0, n)``: an expression no later dim is proven equal
     to, on which TVM's FuseTIR recursed without end (Keras's NASNetMobile with a dynamic batch, through tf2onnx,
     crashed the process). An axis sliced whole is dropped from the slice; an open end after another begin
-    becomes ``n`` itself, which selects the same elements.
+    becomes ``n`` itself, which selects the same elements; a reversed slice's open start and end become
+    ``n - 1`` and ``-n - 1``.
     """
     if context.opset >= 10:
         inputs = list(inputs) + [None] * (5 - len(inputs))  # TVM's converter reads inputs[3] and [4] as optional
@@ -287,7 +288,16 @@ def slice_(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], con
     for axis, start, stop, step in zip(axes.fields, begin.fields, end.fields, strides.fields):
         dim = dims[int(axis.value)] if isinstance(axis, tirx.IntImm) else None
         open_end = isinstance(stop, tirx.IntImm) and int(stop.value) >= _OPEN_END
-        if dim is None or isinstance(dim, tirx.IntImm) or not open_end \
+        if dim is not None and not isinstance(dim, tirx.IntImm) and isinstance(step, tirx.IntImm) \
+                and int(step.value) < 0:
+            # x[::-1] (PyTorch's flip, a reflect pad): the open start and end become the axis's ends. Kept,
+            # -INT64_MAX made the extent min(9223372036854775806, ...), which TVM's arithmetic overflowed.
+            from_end = isinstance(start, tirx.IntImm) and int(start.value) >= _OPEN_END
+            to_front = isinstance(stop, tirx.IntImm) and int(stop.value) <= -_OPEN_END
+            if from_end or to_front:
+                changed = True
+            kept.append((axis, dim - 1 if from_end else start, -dim - 1 if to_front else stop, step))
+        elif dim is None or isinstance(dim, tirx.IntImm) or not open_end \
                 or not (isinstance(step, tirx.IntImm) and int(step.value) > 0):
             kept.append((axis, start, stop, step))
         elif isinstance(start, tirx.IntImm) and int(start.value) == 0 and int(step.value) == 1:
