@@ -14,7 +14,8 @@ in a fresh process of its own (a crash or a hang stops that model only; ``--time
   onnxruntime's CPUExecutionProvider; Forge is ``forge.from_onnx(path, shape=...)`` and its
   ``get_inference_function()``. ``forge.from_onnx(path)`` with the dims left dynamic is also loaded
   (``dynamic_load``: ``ok`` or the error's first line), then built and run on the same inputs and compared
-  with the reference (``dynamic_run``: ``match``, ``mismatch: ...`` or the error's first line).
+  with the reference (``dynamic_run``: ``match``, ``mismatch: ...`` or the error's first line); where that
+  matches and the export names its batch dim, once more with new inputs at a batch of 3 (``dynamic_batch_3``).
 * TFLite: the stored input shapes; the reference is ``tf.lite.Interpreter``; Forge is
   ``forge.from_tflite(path)``. A stateful (streaming) model runs three steps from ``ir.initial_state``,
   its ``*_next`` outputs fed back, against three interpreter invocations.
@@ -372,6 +373,15 @@ def _onnx_worker(path: Path, threads: int, record: dict) -> None:
     record["dynamic_import_s"] = time.perf_counter() - started
     if dynamic_ir is not None and reference is not None:
         _dynamic_run(record, dynamic_ir, arrays, names, reference)
+        batched = _other_batch(model, initializers, arrays, hint, rng)
+        if batched is not None and record.get("dynamic_run") == "match":
+            try:
+                batched_reference = session.run(None, batched)
+            except Exception as exc:  # noqa: BLE001 - the runtime refuses the other batch: nothing to compare
+                record["dynamic_batch_3"] = f"reference fails: {_first_line(exc)}"
+            else:
+                key = "dynamic_batch_3"
+                _dynamic_run(record, dynamic_ir, batched, names, batched_reference, key=key)
     if ir is None or reference is None:
         return
 
@@ -397,23 +407,49 @@ def _onnx_worker(path: Path, threads: int, record: dict) -> None:
         _second_reference(record, "onnxruntime ORT_DISABLE_ALL", [(n, by_name[n], r) for n, r in zip(names, second)])
 
 
-def _dynamic_run(record: dict, ir: Any, arrays: dict, names: list[str], reference: list) -> None:
-    """The model imported with its dims left dynamic, built and run on the same inputs as the reference:
-    ``dynamic_run`` is ``match``, ``mismatch`` or the error's first line."""
+_DYNAMIC_FUNCTIONS: dict[int, Any] = {}
+
+
+def _dynamic_run(record: dict, ir: Any, arrays: dict, names: list[str], reference: list,
+                 key: str = "dynamic_run") -> None:
+    """The model imported with its dims left dynamic, built (once) and run on ``arrays`` against the reference's
+    outputs: ``record[key]`` is ``match``, ``mismatch: ...`` or the error's first line."""
     args = [arrays[n] for n in ir.input_names] if set(ir.input_names) == set(arrays) else list(arrays.values())
     try:
-        got = ir.get_inference_function()(*args)
+        if id(ir) not in _DYNAMIC_FUNCTIONS:
+            _DYNAMIC_FUNCTIONS[id(ir)] = ir.get_inference_function()
+        got = _DYNAMIC_FUNCTIONS[id(ir)](*args)
     except Exception as exc:  # noqa: BLE001
-        record["dynamic_run"] = _first_line(exc)
+        record[key] = _first_line(exc)
         return
     got = got if isinstance(got, (list, tuple)) else [got]
     by_name = dict(zip(ir.output_names, got)) if set(ir.output_names) == set(names) else dict(zip(names, got))
     if len(got) != len(reference):
-        record["dynamic_run"] = f"{len(got)} outputs, the reference has {len(reference)}"
+        record[key] = f"{len(got)} outputs, the reference has {len(reference)}"
         return
     check: dict = {}
     _verdict(check, [(n, by_name[n], r) for n, r in zip(names, reference)])
-    record["dynamic_run"] = check["status"] if check["status"] == "match" else f"mismatch: {check['error']}"
+    record[key] = check["status"] if check["status"] == "match" else f"mismatch: {check['error']}"
+
+
+def _other_batch(model, initializers: set, arrays: dict, hint: dict, rng) -> dict | None:
+    """New random inputs with the batch at 3: every dim that shares the name of the first input's first dim (its
+    batch, where the export names it), in every input; None where the first dim is not a named dynamic dim."""
+    values = [v for v in model.graph.input if v.name not in initializers]
+    if not values or not values[0].type.tensor_type.shape.dim:
+        return None
+    batch = values[0].type.tensor_type.shape.dim[0].dim_param
+    if not batch:
+        return None
+    batched = {}
+    for value in values:
+        shape = list(arrays[value.name].shape)
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+            if dim.dim_param == batch and axis < len(shape):
+                shape[axis] = 3
+        batched[value.name] = _random(tuple(shape), arrays[value.name].dtype, rng,
+                                      hint.get("ints", {}).get(value.name))
+    return batched
 
 
 def _second_reference(record: dict, engine: str, pairs) -> None:
@@ -622,10 +658,12 @@ def main() -> int:
                   f"ref ms {_fmt(row.get('reference_ms'), '7.2f')}  forge ms {_fmt(row.get('forge_ms'), '7.2f')}"
                   + (f"  dynamic: {row['dynamic_load']}" if row.get("dynamic_load") not in (None, "ok") else "")
                   + (f"  dynamic run: {row['dynamic_run']}" if row.get("dynamic_run") not in (None, "match") else "")
+                  + (f"  batch 3: {row['dynamic_batch_3']}" if row.get("dynamic_batch_3") not in (None, "match")
+                     else "")
                   + (f"\n      {error}" if error else ""), flush=True)
 
     print()
-    print(f"{'package':<28} {'model':<42} {'status':<16} {'ref ms':>8} {'first s':>8}  dynamic  error")
+    print(f"{'package':<28} {'model':<42} {'status':<16} {'ref ms':>8} {'first s':>8}  {'dynamic':<18}  error")
     for row in rows:
         if row.get("model") is None:
             print(f"{row['package']:<28} {'-':<42} {row['status']:<16}  {row.get('error', '')}")
@@ -634,9 +672,13 @@ def main() -> int:
         if row.get("dynamic_run") is not None:
             dynamic = "match" if row["dynamic_run"] == "match" else "differs" if \
                 row["dynamic_run"].startswith("mismatch") else "run fails"
+        third = row.get("dynamic_batch_3")
+        if third is not None and not str(third).startswith("reference fails"):
+            dynamic += ", b3 " + ("match" if third == "match" else "differs" if str(third).startswith("mismatch")
+                                  else "fails")
         error = _summary(row.get("error")) or (f"with the plugin {row['plugin']}" if row.get("plugin") else "")
         print(f"{row['package']:<28} {Path(row['model']).name:<42} {row['status']:<16} "
-              f"{_fmt(row.get('reference_ms'), '8.2f')} {_fmt(row.get('first_call_s'), '8.1f')}  {dynamic:<7}  "
+              f"{_fmt(row.get('reference_ms'), '8.2f')} {_fmt(row.get('first_call_s'), '8.1f')}  {dynamic:<18}  "
               f"{error[:150]}")
     counts: dict[str, int] = {}
     for row in rows:
@@ -645,10 +687,14 @@ def main() -> int:
     dynamic_tried = sum(1 for r in rows if r.get("dynamic_load") is not None)
     dynamic_match = sum(1 for r in rows if r.get("dynamic_run") == "match")
     dynamic_ran = sum(1 for r in rows if r.get("dynamic_run") is not None)
+    batch_match = sum(1 for r in rows if r.get("dynamic_batch_3") == "match")
+    batch_ran = sum(1 for r in rows if r.get("dynamic_batch_3") is not None
+                    and not str(r["dynamic_batch_3"]).startswith("reference fails"))
     print(f"\n{len(rows)} models from {len({r['package'] for r in rows})} packages: "
           + ", ".join(f"{n} {s}" for s, n in sorted(counts.items(), key=lambda kv: -kv[1]))
           + f"; ONNX loaded with dynamic dims: {dynamic_ok}/{dynamic_tried}, and of those the runtime ran, "
-            f"{dynamic_match}/{dynamic_ran} give its numbers")
+            f"{dynamic_match}/{dynamic_ran} give its numbers; at a batch of 3 (where the export names its batch "
+            f"dim and the runtime runs it), {batch_match}/{batch_ran}")
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"host": describe_host(), "packages": [*PACKAGES, *NPM_PACKAGES], "counts": counts,

@@ -27,6 +27,7 @@ from tvm.relax.frontend.tflite.tflite_frontend import OperatorConverter, TensorW
 from forge_core.errors import (
     ForgeError, InvalidModelError, ModelImportError, OperatorConversionError, UnsupportedOperatorError,
 )
+from forge_core.ir.loops import INT64_MAX, LoopSpec, build_loop
 from forge_tf.console import captured_output
 from forge_tf.custom_ops import PluginConverterError, TFLiteConverterContext, call_plugin_converter, plugin_converters
 from forge_tf.hybrid import FloatView, dequantized, hybrid_weights
@@ -59,6 +60,7 @@ class ForgeOperatorConverter(SymbolicShapes, OperatorConverter):
         super().__init__(model, subgraph, *args, **kwargs)
         self._init_symbolic_shapes()
         self._check_declared = check_declared
+        self._run_time_dims: list[tirx.Var] = []  # dims known at run time only, made by convert_slice and below
         self._plugin_converters = plugin_converters()
         converters = {**self.convert_map, **{code: functools.partial(self._convert_with_plugin, code)
                                              for code in self._plugin_converters}}
@@ -103,6 +105,75 @@ class ForgeOperatorConverter(SymbolicShapes, OperatorConverter):
             value = relax.op.reshape(value, [])
         shape, _ = self._get_shape_expr_from_tensor(inputs[0], "fill_dim")
         return relax.op.full(shape, value)
+
+    def convert_while(self, op: Any) -> Any:
+        """WHILE on Forge's chunked loop (:func:`forge_core.ir.loops.build_loop`), the cond and body subgraphs
+        lowered to functions as TVM's converter lowers them. TVM's converter calls the body function once per
+        iteration, each call nested in the last: TVM's VM recurses on the C++ stack, which a Keras LSTM over a
+        few thousand steps overflowed (the process crashed)."""
+        from tflite.WhileOptions import WhileOptions
+
+        opts = self._get_builtin_options(op, WhileOptions)
+        cond_index, body_index = int(opts.CondSubgraphIndex()), int(opts.BodySubgraphIndex())
+        inputs, outputs = self.get_input_tensors(op), self.get_output_tensors(op)
+        if not inputs or len(outputs) != len(inputs):
+            raise tvm.error.OpNotImplemented("WHILE needs loop-carried values, one output for each")
+        cond_graph = self._check_subgraph_interface(cond_index, "WHILE", input_tensors=inputs, output_count=1)
+        self._check_subgraph_interface(body_index, "WHILE", input_tensors=inputs, output_tensors=inputs)
+        for given, returned in zip(inputs, outputs):
+            self._check_tensor_metadata_match(given, returned, "WHILE", "loop state")
+        self._require_scalar_bool_tensor(cond_graph.Tensors(int(cond_graph.Outputs(0))), "WHILE")
+        cond_function = self._lower_subgraph_to_function(cond_index, f"tflite_while_cond_{cond_index}", "WHILE")
+        body_function = self._lower_subgraph_to_function(body_index, f"tflite_while_body_{body_index}", "WHILE")
+        bb = self.bb
+        carried = [self.get_tensor_expr(tensor) for tensor in inputs]
+
+        def condition(values: list[Any]) -> Any:
+            value = bb.emit(relax.Call(cond_function, values))
+            return bb.emit(relax.op.reshape(value, [])) if value.ty.ndim != 0 else value
+
+        def step(i: Any, cond: Any, values: list[Any], captured: dict[str, Any]) -> tuple[Any, list[Any], list[Any]]:
+            result = bb.emit(relax.Call(body_function, values))
+            following = [bb.emit(relax.TupleGetItem(result, k)) for k in range(len(values))] \
+                if isinstance(result.ty, relax.TupleType) else [result]
+            return condition(following), following, []
+
+        node = tensor_name(self.subgraph, outputs[0].tensor_idx)
+        spec = LoopSpec("tflite", "WHILE", node, [f"state{k}" for k in range(len(carried))], carried, {}, [], step)
+        finals, _ = build_loop(bb, spec, relax.const(INT64_MAX, "int64"), condition(carried))
+        return finals[0] if len(finals) == 1 else relax.Tuple(finals)
+
+    def convert_slice(self, op: Any) -> Any:
+        """SLICE, also where its begin or size is computed at run time: Keras 3's LSTM and GRU, converted to
+        TFLite, write each step's output into their TensorList as ``concat(list[:t], item, list[t + 1:])``
+        inside the WHILE body, at the loop's index ``t`` (TVM's converter needs both at import)."""
+        inputs = self.get_input_tensors(op)
+        if len(inputs) != 3 or not any(self.has_expr(t.tensor_idx) for t in inputs[1:]):
+            return super().convert_slice(op)
+        data = self.get_tensor_expr(inputs[0])
+        rank = data.ty.ndim
+        begin = relax.op.astype(self.get_tensor_expr(inputs[1]), "int64")
+        size = relax.op.astype(self.get_tensor_expr(inputs[2]), "int64")
+        extents = relax.op.shape_to_tensor(relax.op.shape_of(data))
+        end = relax.op.where(relax.op.equal(size, relax.const(-1, "int64")), extents, relax.op.add(begin, size))
+        strides = relax.const(np.ones(rank, "int64"), "int64")
+        sliced = self.bb.emit(relax.op.dynamic_strided_slice(data, self.bb.normalize(begin), self.bb.normalize(end),
+                                                             strides))
+        # The extents known at import: a size given, or the rest of a static axis from a begin given.
+        starts = _known_elements(self.bb, self.get_tensor_expr(inputs[1]), rank)
+        sizes = _known_elements(self.bb, self.get_tensor_expr(inputs[2]), rank)
+        shape = data.ty.shape.values if isinstance(data.ty.shape, relax.ShapeExpr) else [None] * rank
+        name = re.sub(r"\W+", "_", tensor_name(self.subgraph, int(op.Outputs(0)))).strip("_") or "slice"
+        dims = []
+        for axis in range(rank):
+            start, size, extent = starts[axis], sizes[axis], shape[axis]
+            if size is not None and size >= 0:
+                dims.append(tirx.IntImm("int64", size))
+            elif size == -1 and start is not None and isinstance(extent, tirx.IntImm):
+                dims.append(tirx.IntImm("int64", max(int(extent) - start, 0)))
+            else:
+                dims.append(self._run_time_dim(f"{name}_d{axis}"))
+        return self.bb.match_cast(sliced, relax.TensorType(dims, data.ty.dtype))
 
     def get_op_code_str(self, op: Any) -> str:
         """TVM's, with a custom operator a plugin converts named by its custom code."""
@@ -187,6 +258,48 @@ class ForgeOperatorConverter(SymbolicShapes, OperatorConverter):
                 "at import, and the model computes it at run time"
             )
         return super().get_tensor_value(tensor_wrapper, is_sparse)
+
+    def _declared_dims(self, op: Any, result: Any) -> Any:
+        """A one-output result whose dims Relax could not infer, typed with what the flatbuffer declares (its
+        shape signature: a static dim where it gives one, a new symbolic dim where it gives -1), checked when
+        the model runs. Inside a WHILE body, a slice at the loop's index (``list[:t]``) has a dim known only at
+        run time, and the TensorList joined back from the slices has the static shape the loop carries."""
+        outputs = self.get_output_tensors(op)
+        ty = getattr(result, "ty", None)
+        if len(outputs) != 1 or not isinstance(ty, relax.TensorType) or ty.ndim < 0:
+            return result
+        tensor = outputs[0].tensor
+        declared = tensor.ShapeSignatureAsNumpy() if tensor.ShapeSignatureLength() else tensor.ShapeAsNumpy() \
+            if tensor.ShapeLength() else None
+        if declared is None or len(declared) != ty.ndim:
+            return result
+        dims = list(ty.shape.values) if isinstance(ty.shape, relax.ShapeExpr) else [None] * ty.ndim
+        wanted, changed = [], False
+        name = re.sub(r"\W+", "_", tensor_name(self.subgraph, outputs[0].tensor_idx)).strip("_") or "value"
+        for axis, (dim, size) in enumerate(zip(dims, declared)):
+            # Only a dim Relax does not know, or one computed from run-time dims of Forge's own: a dim of a
+            # dynamic input (a batch the caller made dynamic) stays as Relax infers it.
+            if dim is not None and (isinstance(dim, tirx.IntImm) or int(size) < 0 or not self._from_run_time(dim)):
+                wanted.append(dim)
+            elif int(size) >= 0:
+                wanted.append(tirx.IntImm("int64", int(size)))
+                changed = True
+            else:
+                wanted.append(self._run_time_dim(f"{name}_d{axis}"))
+                changed = True
+        if not changed:
+            return result
+        bound = result if isinstance(result, relax.Var) else self.bb.emit(result)
+        return self.bb.match_cast(bound, relax.TensorType(wanted, ty.dtype))
+
+    def _run_time_dim(self, name: str) -> tirx.Var:
+        dim = tirx.Var(name, "int64")
+        self._run_time_dims.append(dim)
+        return dim
+
+    def _from_run_time(self, dim: Any) -> bool:
+        used = tvm.tirx.analysis.undefined_vars(dim)
+        return any(v.same_as(d) for v in used for d in self._run_time_dims)
 
     def _lost_shape(self, op: Any, result: Any) -> str | None:
         """Why a result has no shape although its inputs have one (e.g. a concatenation of a dynamic batch
@@ -318,7 +431,7 @@ class ForgeOperatorConverter(SymbolicShapes, OperatorConverter):
                 result = _bounded_take(result)
                 # Type inference runs here, so that an op whose types or shapes do not fit (a corrupt model,
                 # a dtype_dict the graph cannot take) is named like any other failure.
-                result = self.bb.normalize(result)
+                result = self._declared_dims(op, self.bb.normalize(result))
                 lost = self._lost_shape(op, result) or _compared_types(result)
                 if lost is not None:
                     raise ModelImportError(lost)
@@ -342,6 +455,36 @@ class ForgeOperatorConverter(SymbolicShapes, OperatorConverter):
         output = int(op.Outputs(0)) if op.OutputsLength() else -1
         node = tensor_name(self.subgraph, output) if output >= 0 else f"<{code} without outputs>"
         return OperatorConversionError("tflite", operator_code(self.model, op), node, cause)
+
+
+def _known_elements(bb: relax.BlockBuilder, expr: Any, length: int) -> list[int | None]:
+    """The elements of a 1-D int tensor that import knows (constants, joined by concatenations and casts, through
+    the bindings), None for the ones computed at run time."""
+    unknown: list[int | None] = [None] * length
+    seen = 0
+    while isinstance(expr, relax.Var) and seen < 64:  # through the bindings to the value
+        bound = bb.lookup_binding(expr)
+        if bound is None:
+            return unknown
+        expr, seen = bound, seen + 1
+    if isinstance(expr, tvm.ir.GenericConst):
+        values = expr.value.numpy().reshape(-1)
+        return [int(v) for v in values] if values.size == length else unknown
+    if not isinstance(expr, relax.Call) or not isinstance(expr.op, tvm.ir.Op):
+        return unknown
+    name = str(expr.op.name)
+    if name == "relax.astype":
+        return _known_elements(bb, expr.args[0], length)
+    if name == "relax.concat" and isinstance(expr.args[0], relax.Tuple):
+        parts: list[int | None] = []
+        for field in expr.args[0].fields:
+            ty = getattr(field, "ty", None)
+            if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr) \
+                    or len(ty.shape.values) != 1 or not isinstance(ty.shape.values[0], tirx.IntImm):
+                return unknown
+            parts += _known_elements(bb, field, int(ty.shape.values[0]))
+        return parts if len(parts) == length else unknown
+    return unknown
 
 
 def _bounded_take(result: Any) -> Any:
