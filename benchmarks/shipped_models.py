@@ -363,15 +363,20 @@ def _onnx_worker(path: Path, threads: int, record: dict) -> None:
 
     ir = _imported(record, reference is not None, lambda: forge.from_onnx(str(path), shape=shapes))
 
-    started = time.perf_counter()
-    dynamic_ir = None
-    try:
-        dynamic_ir = forge.from_onnx(str(path))
-        record["dynamic_load"] = "ok"
-    except Exception as exc:  # noqa: BLE001
-        record["dynamic_load"] = _first_line(exc)
-    record["dynamic_import_s"] = time.perf_counter() - started
-    if dynamic_ir is not None and reference is not None:
+    def dynamic() -> None:
+        """The model with its dims left dynamic, after the static verdict is out (printed before the build: a
+        crash there keeps it, with ``dynamic_run`` saying so)."""
+        started = time.perf_counter()
+        dynamic_ir = None
+        try:
+            dynamic_ir = forge.from_onnx(str(path))
+            record["dynamic_load"] = "ok"
+        except Exception as exc:  # noqa: BLE001
+            record["dynamic_load"] = _first_line(exc)
+        record["dynamic_import_s"] = time.perf_counter() - started
+        if dynamic_ir is None or reference is None:
+            return
+        print(MARK + json.dumps({**record, "dynamic_run": "crash (the process died)"}), flush=True)
         _dynamic_run(record, dynamic_ir, arrays, names, reference)
         batched = _other_batch(model, initializers, arrays, hint, rng)
         if batched is not None and record.get("dynamic_run") == "match":
@@ -380,8 +385,14 @@ def _onnx_worker(path: Path, threads: int, record: dict) -> None:
             except Exception as exc:  # noqa: BLE001 - the runtime refuses the other batch: nothing to compare
                 record["dynamic_batch_3"] = f"reference fails: {_first_line(exc)}"
             else:
-                key = "dynamic_batch_3"
-                _dynamic_run(record, dynamic_ir, batched, names, batched_reference, key=key)
+                _dynamic_run(record, dynamic_ir, batched, names, batched_reference, key="dynamic_batch_3")
+
+    _static_run(record, ir, reference, arrays, names, session_of)
+    dynamic()
+
+
+def _static_run(record: dict, ir: Any, reference: list | None, arrays: dict, names: list[str],
+                session_of: Callable[[str], Any]) -> None:
     if ir is None or reference is None:
         return
 

@@ -648,3 +648,52 @@ def test_batch_norms_after_bias_free_convolutions_fold_in_a_dynamic_model(tmp_pa
                           [oh.make_tensor_value_info("y", TensorProto.FLOAT, None)])
     ir = forge.from_onnx(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 13)], ir_version=8))
     assert "nn.batch_norm" not in ir.operators and ir.operators["nn.conv2d"] == 3
+
+
+# --- onnx-asr's NeMo pre-emphasis: a signal rebuilt from its slices, then masked to its lengths --------------
+
+
+def _pre_emphasis() -> onnx.ModelProto:
+    """``y = where(arange(n) < lens, concat(x[:, :1], x[:, 1:] - 0.97 * x[:, :-1]), 0) + x``, with ``x: (b, n)``
+    and ``lens: (b,)``: the joined signal's length ``min(1, n) + max(n - 1, 0)`` is ``n`` only by cases."""
+    nodes = [_const("s0", [0]), _const("s1", [1]), _const("m1", [-1]), _const("big", [INT64_MAX]),
+             _const("ax", [1]), _const("zero_i", np.int64(0)), _const("one_i", np.int64(1)), _const("i1", [1]),
+             oh.make_node("Shape", ["x"], ["sh"]), oh.make_node("Gather", ["sh", "one_i"], ["n"], axis=0),
+             oh.make_node("Range", ["zero_i", "n", "one_i"], ["positions"]),
+             oh.make_node("Unsqueeze", ["lens", "i1"], ["lens2"]),
+             oh.make_node("Less", ["positions", "lens2"], ["mask"]),
+             oh.make_node("Slice", ["x", "s0", "s1", "ax"], ["head"]),
+             oh.make_node("Slice", ["x", "s1", "big", "ax"], ["rest"]),
+             oh.make_node("Slice", ["x", "s0", "m1", "ax"], ["previous"]),
+             oh.make_node("Mul", ["previous", "k"], ["scaled"]), oh.make_node("Sub", ["rest", "scaled"], ["diff"]),
+             oh.make_node("Concat", ["head", "diff"], ["emphasized"], axis=-1),
+             oh.make_node("Where", ["mask", "emphasized", "zero"], ["masked"]),
+             oh.make_node("Add", ["masked", "x"], ["y"])]
+    graph = oh.make_graph(nodes, "pre_emphasis", [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "n"]),
+                                                  oh.make_tensor_value_info("lens", TensorProto.INT64, ["b"])],
+                          [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "n"])],
+                          [numpy_helper.from_array(np.array(0.97, np.float32), "k"),
+                           numpy_helper.from_array(np.array(0.0, np.float32), "zero")])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize("level", [None, 0, 3], ids=["inference", "opt0", "opt3"])
+def test_a_signal_joined_from_its_slices_then_masked(level):
+    """Typed min(1, n) + max(n - 1, 0), the joined signal could be matched to the mask's n only at run time:
+    building the model crashed the process (TVM's CanonicalizeTIRVariables recursed until the stack
+    overflowed), and adding it to x failed to build. Slices now take extents whose sums cancel, and the join
+    gets the simplified length."""
+    from forge_core.compiler.compile import compile_to_function
+
+    model = _pre_emphasis()
+    ir = forge.from_onnx(model)
+    run = ir.get_inference_function() if level is None else compile_to_function(ir, opt_level=level)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(9)
+    for b, n in [(2, 100), (3, 1), (1, 2), (2, 37)]:
+        x = rng.standard_normal((b, n)).astype(np.float32)
+        lens = rng.integers(0, n + 1, b).astype(np.int64)
+        (want,) = session.run(None, {"x": x, "lens": lens})
+        close(run(x, lens), want)

@@ -102,6 +102,11 @@ def _run_time_if(node: onnx.NodeProto) -> onnx.NodeProto:
     return renamed
 
 
+def _op_type(op_type: str) -> str:
+    """The ONNX operator's name, for errors."""
+    return "If" if op_type == _RUN_TIME_IF else op_type
+
+
 def _fields(value: relax.Expr) -> list[Any]:
     ty = value.ty
     return list(ty.fields) if isinstance(ty, relax.TupleType) else [ty]
@@ -201,7 +206,7 @@ class _ForgeImporter(LoopImporter, ONNXGraphImporter):
             except ModelImportError:
                 raise
             except Exception as exc:  # noqa: BLE001 - outside the converter (attributes, inputs): still this node's
-                raise OperatorConversionError("onnx", node.op_type, node.name, exc) from exc
+                raise OperatorConversionError("onnx", _op_type(node.op_type), node.name, exc) from exc
             finally:
                 self._nodes.update(replaced)  # later consumers (a Reshape...) still get the shape value
             for index, name in enumerate(node.output):
@@ -392,7 +397,7 @@ class _ForgeImporter(LoopImporter, ONNXGraphImporter):
         except OperatorConversionError:
             raise
         except Exception as exc:  # noqa: BLE001 - TVM raises anything from asserts to TVMError
-            raise OperatorConversionError("onnx", op_name, node, exc) from exc
+            raise OperatorConversionError("onnx", _op_type(op_name), node, exc) from exc
 
 
 def _model_opset(model: onnx.ModelProto) -> int:

@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 import tvm
-from tvm import relax, tirx, topi
+from tvm import relax, te, tirx, topi
 
 from forge_core.errors import InvalidModelError, ModelImportError
 from forge_core.runtime.signature import RUN_TIME_CHECK
@@ -305,12 +305,58 @@ def slice_(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], con
         else:
             kept.append((axis, start, dim, step))
             changed = True
+    if changed:
+        if not kept:
+            return data
+        result = relax.op.strided_slice(data, *[list(column) for column in zip(*kept)],
+                                        assume_inbound=bool(result.attrs.assume_inbound))
+    return _with_cancelling_extents(bb, result, dims, axes.fields, begin.fields, end.fields, strides.fields)
+
+
+def _cancelling_extent(dim: Any, start: Any, stop: Any) -> Any | None:
+    """The extent of ``x[start:stop]`` on a dynamic axis ``dim`` (constant bounds, step 1) in a form whose sums
+    cancel: ``min(b, n)`` for ``x[:b]``, ``n - min(b, n)`` for ``x[b:]``, ``n - min(k, n)`` for ``x[:-k]``.
+    Relax's own, ``max(n - 1, 0)`` beside ``min(1, n)``, add up to ``n`` only by cases, which Relax cannot
+    prove; None where no such form is known."""
+    if not (isinstance(start, tirx.IntImm) and isinstance(stop, tirx.IntImm)):
+        return None
+    b, e = int(start.value), int(stop.value)
+    if b < 0:
+        return None
+    if e >= _OPEN_END:
+        return dim - tirx.min(tirx.IntImm("int64", b), dim)
+    if e >= 0:
+        prefix = tirx.min(tirx.IntImm("int64", e), dim)
+    else:
+        prefix = dim - tirx.min(tirx.IntImm("int64", -e), dim)
+    return prefix if b == 0 else prefix - tirx.min(tirx.IntImm("int64", b), prefix)
+
+
+def _with_cancelling_extents(bb: relax.BlockBuilder, value: relax.Expr, dims: list[Any], axes: Any, begin: Any,
+                             end: Any, strides: Any) -> relax.Expr:
+    """``value`` (a slice of a tensor of ``dims``) typed with :func:`_cancelling_extent`'s extents on its dynamic
+    axes, where Relax typed them otherwise: onnx-asr's NeMo preprocessors join ``x[:, :1]`` and a difference of
+    ``x[:, 1:]`` and ``x[:, :-1]`` back into a signal of the input's length, which the model then masks; typed
+    ``min(1, n) + max(n - 1, 0)``, it could be matched to ``n`` only at run time, and building the model
+    crashed TVM (a recursion in CanonicalizeTIRVariables)."""
+    value = bb.normalize(value)
+    ty = value.ty
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return value
+    wanted, changed = list(ty.shape.values), False
+    for axis, start, stop, step in zip(axes, begin, end, strides):
+        if not isinstance(axis, tirx.IntImm) or not (isinstance(step, tirx.IntImm) and int(step.value) == 1):
+            continue
+        index = int(axis.value) % len(dims)
+        if isinstance(dims[index], tirx.IntImm):
+            continue
+        extent = _cancelling_extent(dims[index], start, stop)
+        if extent is not None and str(extent) != str(wanted[index]):
+            wanted[index], changed = extent, True
     if not changed:
-        return result
-    if not kept:
-        return data
-    return relax.op.strided_slice(data, *[list(column) for column in zip(*kept)],
-                                  assume_inbound=bool(result.attrs.assume_inbound))
+        return value
+    bound = value if isinstance(value, relax.Var) else bb.emit(value)
+    return bb.match_cast(bound, relax.TensorType(wanted, ty.dtype))
 
 
 def static_or_symbolic_dims(expr: relax.Expr) -> list[Any] | None:
@@ -422,9 +468,51 @@ def pad(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], contex
     return bb.emit_te(topi.nn.replicate_pad, data, before, after)
 
 
+def concat(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], context: ConverterContext) -> Any:
+    """Concat as TVM converts it, its joined axis's extent simplified where it is a sum of dynamic extents
+    (``min(1, n) + (n - min(1, n))`` is ``n``: the signal onnx-asr's NeMo preprocessors rebuild from its
+    slices, which the model then masks with a mask of ``n``; unsimplified, the two could only be matched at
+    run time, and TVM's FuseTIR then refused the model: "Inconsistent buffers")."""
+    result = context.tvm_convert("Concat", inputs)
+    if not isinstance(result, relax.Expr) or isinstance(result, relax.ShapeExpr):
+        return result
+    result = bb.normalize(result)
+    ty = result.ty
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr) \
+            or all(isinstance(d, tirx.IntImm) for d in ty.shape.values):
+        return result
+    analyzer = dims_analyzer(*ty.shape.values)
+    simplified = [analyzer.simplify(d) for d in ty.shape.values]
+    if all(str(a) == str(b) for a, b in zip(simplified, ty.shape.values)):
+        return result
+    parts = list(result.args[0].fields) if isinstance(result, relax.Call) and isinstance(result.args[0], relax.Tuple) \
+        else None
+    if parts is None or len(parts) < 2:
+        return result
+    axis = int(result.attrs.axis) % len(simplified)
+    extents = [static_or_symbolic_dims(p)[axis] for p in parts]
+
+    def joined(*tensors: Any) -> Any:
+        # One compute whose output has the simplified shape (not a match_cast of TVM's concat to it, which TVM's
+        # CanonicalizeTIRVariables recursed on without end when a fused reader took it).
+        def element(*index: Any) -> Any:
+            offsets = [tirx.IntImm("int64", 0)]
+            for extent in extents[:-1]:
+                offsets.append(offsets[-1] + extent)
+            value = tensors[-1][(*index[:axis], index[axis] - offsets[-1], *index[axis + 1:])]
+            for k in range(len(tensors) - 2, -1, -1):
+                inner = tensors[k][(*index[:axis], index[axis] - offsets[k], *index[axis + 1:])]
+                value = tirx.if_then_else(index[axis] < offsets[k + 1], inner, value)
+            return value
+
+        return te.compute(simplified, element, name="concatenate")
+
+    return bb.emit_te(joined, *parts, primfunc_name_hint="concatenate")
+
+
 CONVERTERS = {"Shape": shape, "Size": size, "Constant": constant, "ConstantOfShape": constant_of_shape,
               "Reshape": reshape, "Squeeze": squeeze,
-              "Expand": expand, "Slice": slice_, "Pad": pad}
+              "Expand": expand, "Slice": slice_, "Pad": pad, "Concat": concat}
 
 
 def center_crop_pad(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
