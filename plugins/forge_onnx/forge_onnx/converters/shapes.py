@@ -321,7 +321,7 @@ def _cancelling_extent(dim: Any, start: Any, stop: Any) -> Any | None:
     if not (isinstance(start, tirx.IntImm) and isinstance(stop, tirx.IntImm)):
         return None
     b, e = int(start.value), int(stop.value)
-    if b < 0:
+    if b < 0 or (b == 0 and e >= _OPEN_END):
         return None
     if e >= _OPEN_END:
         return dim - tirx.min(tirx.IntImm("int64", b), dim)
@@ -348,11 +348,15 @@ def _with_cancelling_extents(bb: relax.BlockBuilder, value: relax.Expr, dims: li
         if not isinstance(axis, tirx.IntImm) or not (isinstance(step, tirx.IntImm) and int(step.value) == 1):
             continue
         index = int(axis.value) % len(dims)
-        if isinstance(dims[index], tirx.IntImm):
+        if not isinstance(dims[index], tirx.Var):  # a dim of its own only (magika's min(1000000000, n) is not)
             continue
-        extent = _cancelling_extent(dims[index], start, stop)
-        if extent is not None and str(extent) != str(wanted[index]):
-            wanted[index], changed = extent, True
+        # Relax's extent where it simplifies to one without min or max (a dim carried through a loop keeps
+        # its form so), else the one whose sums cancel.
+        plain = dims_analyzer(dims[index], wanted[index]).simplify(wanted[index])
+        if "min(" in str(plain) or "max(" in str(plain):
+            extent = _cancelling_extent(dims[index], start, stop)
+            if extent is not None and str(extent) != str(wanted[index]):
+                wanted[index], changed = extent, True
     if not changed:
         return value
     bound = value if isinstance(value, relax.Var) else bb.emit(value)
