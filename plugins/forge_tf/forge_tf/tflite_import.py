@@ -152,18 +152,19 @@ class ForgeOperatorConverter(SymbolicShapes, OperatorConverter):
             return super().convert_slice(op)
         data = self.get_tensor_expr(inputs[0])
         rank = data.ty.ndim
-        begin = relax.op.astype(self.get_tensor_expr(inputs[1]), "int64")
-        size = relax.op.astype(self.get_tensor_expr(inputs[2]), "int64")
+        begin_given, size_given = self.get_tensor_expr(inputs[1]), self.get_tensor_expr(inputs[2])
+        begin = relax.op.astype(begin_given, "int64")
+        size = relax.op.astype(size_given, "int64")
         extents = relax.op.shape_to_tensor(relax.op.shape_of(data))
         end = relax.op.where(relax.op.equal(size, relax.const(-1, "int64")), extents, relax.op.add(begin, size))
         strides = relax.const(np.ones(rank, "int64"), "int64")
         sliced = self.bb.emit(relax.op.dynamic_strided_slice(data, self.bb.normalize(begin), self.bb.normalize(end),
                                                              strides))
         # The extents known at import: a size given, or the rest of a static axis from a begin given.
-        starts = _known_elements(self.bb, self.get_tensor_expr(inputs[1]), rank)
-        sizes = _known_elements(self.bb, self.get_tensor_expr(inputs[2]), rank)
+        starts = _known_elements(self.bb, begin_given, rank)
+        sizes = _known_elements(self.bb, size_given, rank)
         shape = data.ty.shape.values if isinstance(data.ty.shape, relax.ShapeExpr) else [None] * rank
-        name = re.sub(r"\W+", "_", tensor_name(self.subgraph, int(op.Outputs(0)))).strip("_") or "slice"
+        name = self._dim_label(int(op.Outputs(0)))
         dims = []
         for axis in range(rank):
             start, size, extent = starts[axis], sizes[axis], shape[axis]
@@ -275,7 +276,7 @@ class ForgeOperatorConverter(SymbolicShapes, OperatorConverter):
             return result
         dims = list(ty.shape.values) if isinstance(ty.shape, relax.ShapeExpr) else [None] * ty.ndim
         wanted, changed = [], False
-        name = re.sub(r"\W+", "_", tensor_name(self.subgraph, outputs[0].tensor_idx)).strip("_") or "value"
+        name = self._dim_label(outputs[0].tensor_idx)
         for axis, (dim, size) in enumerate(zip(dims, declared)):
             # Only a dim Relax does not know, or one computed from run-time dims of Forge's own: a dim of a
             # dynamic input (a batch the caller made dynamic) stays as Relax infers it.
@@ -291,6 +292,10 @@ class ForgeOperatorConverter(SymbolicShapes, OperatorConverter):
             return result
         bound = result if isinstance(result, relax.Var) else self.bb.emit(result)
         return self.bb.match_cast(bound, relax.TensorType(wanted, ty.dtype))
+
+    def _dim_label(self, tensor_index: int) -> str:
+        """A tensor's name as the prefix of the symbolic dims made for it: an identifier."""
+        return re.sub(r"\W+", "_", tensor_name(self.subgraph, tensor_index)).strip("_") or "value"
 
     def _run_time_dim(self, name: str) -> tirx.Var:
         dim = tirx.Var(name, "int64")
