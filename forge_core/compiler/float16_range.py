@@ -74,6 +74,7 @@ def measure(mod: tvm.IRModule, opt_level: int = 2, seed: int = 0) -> dict[str, f
     """The largest finite magnitude of each float32 tensor that an operator computes in ``main``, by binding
     name, on random inputs (run on this machine's CPU)."""
     from forge_core.compiler.pipeline import build
+    from forge_core.passes import keeping_match_casts
     from forge_core.ir.introspection import input_specs
     from forge_core.runtime.signature import DYNAMIC_DIM, random_inputs
     from forge_core.targets.parsing import resolve_target
@@ -88,7 +89,7 @@ def measure(mod: tvm.IRModule, opt_level: int = 2, seed: int = 0) -> dict[str, f
     body = relax.BlockBuilder().normalize(relax.SeqExpr(func.body.blocks, relax.Tuple([result, *watched])))
     watching = tvm.IRModule(dict(plain.functions), attrs=plain.attrs)
     watching["main"] = relax.Function(func.params, body, None, func.is_pure, func.attrs)
-    watching = relax.transform.ConvertToDataflow()(relax.transform.Normalize()(watching))
+    watching = keeping_match_casts(relax.transform.Normalize()(watching), relax.transform.ConvertToDataflow())
     specs = input_specs(list(func.params))
     executable = build(watching, resolve_target("llvm"), opt_level)
     vm = tvm.runtime.vm.VirtualMachine(executable, tvm.cpu())

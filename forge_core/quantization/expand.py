@@ -20,7 +20,9 @@ from __future__ import annotations
 import numpy as np
 import tvm
 from tvm import relax
-from tvm.relax.dpl import is_op, rewrite_call, wildcard
+from tvm.relax.dpl import is_op, wildcard
+
+from forge_core.passes import rewrite_functions
 
 
 _INTEGER_DTYPES = frozenset({"int8", "uint8", "int16", "uint16", "int32"})
@@ -56,15 +58,10 @@ def _expand(call: relax.Call) -> relax.Expr:
 def expand_quantize(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with each float32 ``relax.quantize`` to an integer type as saturating arithmetic (module doc)."""
     pattern = is_op("relax.quantize")(wildcard(), wildcard(), wildcard())
-    updated = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
-    changed = False
-    for gv, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            rewritten = rewrite_call(pattern, lambda call, _matches: _expand(call), func)
-            if not rewritten.same_as(func):
-                updated[gv] = rewritten
-                changed = True
-    return updated if changed else mod
+    # Not dpl.rewrite_call: it canonicalizes every function's bindings, which drops the match_cast that ties a
+    # dynamic dim to one named earlier (a loop body's Concat of its carried value and a scanned slice then lost
+    # its shape, and the inference function could not be built).
+    return rewrite_functions(mod, pattern, lambda call, _matches: _expand(call))
 
 
 @tvm.transform.module_pass(opt_level=0, name="forge_expand_quantize")

@@ -184,9 +184,14 @@ def run_error(specs: Sequence[TensorSpec], arrays: Sequence[np.ndarray], error: 
     if RUN_TIME_CHECK in text:
         check = text[text.index(RUN_TIME_CHECK) + len(RUN_TIME_CHECK):].strip().splitlines()[0]
         return InputError(f"The model cannot run at these input sizes ({given}): {check}")
-    if "match_cast" not in text and "ErrorContext" not in text:
+    # A kernel's own argument check ("Mismatched x.shape[0] on argument #1 when calling: ..., expected to match
+    # a.shape[0]") where the check before it was folded away: the same disagreement, caught one call later.
+    kernel_check = text.lstrip().startswith("Mismatched ") and "expected to match" in text
+    if "match_cast" not in text and "ErrorContext" not in text and not kernel_check:
         return None
-    detail = next((line.strip() for line in text.splitlines() if "Check failed" in line), text.strip().splitlines()[-1])
+    lines = [line.strip() for line in text.strip().splitlines()]
+    detail = f"{lines[0]} {lines[-1]}" if kernel_check else \
+        next((line for line in lines if "Check failed" in line), lines[-1])
     allowed = ", ".join(f"{spec.name}: {format_shape(spec.shape, spec.dims)}" for spec in specs)
     return InputError(
         f"The model cannot run at these input sizes ({given}); it takes {allowed}, and at these sizes two of its "

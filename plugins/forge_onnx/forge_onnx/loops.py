@@ -319,7 +319,9 @@ class LoopImporter:
         self._branch_stack = [taken] if taken is not None else []
         try:
             for init in loop.body.initializer:
-                self._nodes[init.name] = relax.const(onnx.numpy_helper.to_array(init))
+                array = onnx.numpy_helper.to_array(init)
+                # Its own dtype: relax.const would make an int64 array int32 (INT64_MAX, x[1:]'s end, became -1).
+                self._nodes[init.name] = relax.const(array, str(array.dtype))
             self._construct_nodes(loop.body)
             missing = [n for n in [loop.cond_out, *loop.carried_out, *loop.scan_out] if n and n not in self._nodes]
             if missing:

@@ -89,7 +89,8 @@ def simplify_batch_matmul(mod: tvm.IRModule, context: PassContext) -> tvm.IRModu
         if len(x_shape) < 2:
             return expr
         k, n = w_shape[-2:]
-        w2d = relax.const(_constant(weight).reshape(k, n))
+        values = _constant(weight).reshape(k, n)
+        w2d = relax.const(values, str(values.dtype))
         flat = relax.op.reshape(data, [int(np.prod(x_shape[:-1])), k])
         product = relax.op.matmul(flat, w2d, out_dtype=call.attrs.out_dtype)
         return relax.op.reshape(product, [*x_shape[:-1], n])

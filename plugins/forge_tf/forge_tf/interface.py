@@ -21,6 +21,7 @@ from tvm import relax
 
 from forge_core.errors import ModelImportError, OptionError
 from forge_core.ir.naming import OUTPUT_NAMES_ATTR
+from forge_core.passes import canonicalize_bindings
 
 
 def _output_count(func: relax.Function) -> int:
@@ -127,5 +128,5 @@ def rewrite_main(
     functions = {gv: func for gv, func in mod.functions.items() if gv.name_hint != "main"}
     updated = tvm.IRModule(functions, attrs=mod.attrs)
     updated["main"] = wrapper
-    updated = relax.transform.CanonicalizeBindings()(relax.transform.Normalize()(updated))
+    updated = canonicalize_bindings(relax.transform.Normalize()(updated))
     return relax.transform.DeadCodeElimination(["main"])(updated)
