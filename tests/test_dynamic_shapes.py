@@ -529,6 +529,33 @@ def test_inputs_of_unnamed_batches_joined_and_added_compile_at_every_opt_level(o
     with pytest.raises(forge.InputError):
         runtime.infer(feeds["a"], feeds["b"][:2], feeds["c"])
 
+
+def test_a_slice_to_a_large_end_on_a_dynamic_batch_then_tanh_compiles_with_fast_math(tmp_path):
+    """magika's export (jax2tf) slices its batch to 1000000000, so its dims are ``min(1000000000, n)``; a GELU's
+    tanh after a convolution and a Mul then failed to build at opt_level 3 (fast_math's kernel and the Mul's
+    could not be fused: "Inconsistent buffers")."""
+    rng = np.random.default_rng(5)
+    nodes = [oh.make_node("Slice", ["x", "start", "end", "axis"], ["head"], name="take_all"),
+             oh.make_node("Conv", ["head", "w"], ["c"], name="conv"),
+             oh.make_node("Mul", ["c", "k"], ["m"], name="mul"),
+             oh.make_node("Tanh", ["m"], ["t"], name="tanh"),
+             oh.make_node("Mul", ["t", "c"], ["y"], name="gate")]
+    inits = [numpy_helper.from_array(np.array([0], np.int64), "start"),
+             numpy_helper.from_array(np.array([1000000000], np.int64), "end"),
+             numpy_helper.from_array(np.array([0], np.int64), "axis"),
+             numpy_helper.from_array(rng.standard_normal((6, 4, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.array(0.79788458, np.float32), "k")]
+    graph = oh.make_graph(nodes, "large_end", [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4, 32])],
+                          [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 6, 30])], inits)
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    forge.from_onnx(model).compile(output_path=tmp_path / "artifact", opt_level=3)
+    runtime = forge.Runtime(tmp_path / "artifact")
+    for batch in (1, 3):
+        x = rng.standard_normal((batch, 4, 32)).astype(np.float32)
+        close(runtime.infer(x)[0], session.run(None, {"x": x})[0])
+
 # --- Resize by a scale that gives whole sizes at some sizes only ---------------------------------------------------
 
 @pytest.mark.parametrize("mode, scale, fine, refused", [

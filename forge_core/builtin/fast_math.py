@@ -44,6 +44,16 @@ _UNARY: dict[str, tuple[Callable[[te.Tensor], te.Tensor], str]] = {
 }
 
 
+def _plain_dims(ty: relax.TensorType) -> bool:
+    """Whether each dim is a constant or a symbolic var. A dim computed from vars (``min(1000000000, n)``: a
+    Slice to a large end on a dynamic batch, magika's) makes ``call_te`` pass the var as an extra argument, and
+    TVM's FuseTIR then refused to fuse the kernel with its producer ("Inconsistent buffers"); such a tensor
+    keeps TVM's own lowering of the operator (exact, not vectorized)."""
+    if ty.shape is None:
+        return False
+    return all(isinstance(dim, (tvm.tirx.IntImm, tvm.tirx.Var)) for dim in ty.shape.values)
+
+
 @mutator
 class _FastMath(PyExprMutator):
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 - TVM's name
@@ -54,6 +64,8 @@ class _FastMath(PyExprMutator):
         arg = call.args[0] if call.args else None
         if arg is None or not isinstance(arg.ty, relax.TensorType) or not str(arg.ty.dtype).startswith("float32"):
             return call
+        if not _plain_dims(arg.ty):
+            return call  # TVM's own lowering: see _plain_dims
         if name in _UNARY:
             compute, hint = _UNARY[name]
             return self.builder_.call_te(compute, arg, primfunc_name_hint=hint)
