@@ -2,9 +2,9 @@
 
 from importlib.metadata import PackageNotFoundError, version
 
-from forge_core.tvm_import import import_tvm
+from forge_core.tvm_import import prepare_imports
 
-import_tvm()
+prepare_imports()  # tvm_ffi without torch; tvm itself is imported where it is used
 
 try:
     __version__ = version("forge-core")

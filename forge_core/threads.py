@@ -58,11 +58,14 @@ def set_thread_environment() -> None:
 
 def configure_threads(target_cores: int | None = None) -> int:
     """Size TVM's pool for an artifact compiled for ``target_cores`` cores; return the thread count."""
-    import tvm
+    import tvm_ffi
 
+    from forge_core.tvm_import import load_tvm_runtime
+
+    load_tvm_runtime()
     set_thread_environment()
     count = int(os.environ["TVM_NUM_THREADS"])
     if target_cores and _chosen_by_forge:
         count = max(1, min(count, int(target_cores)))
-    tvm.get_global_func("runtime.config_threadpool")(0, count)
+    tvm_ffi.get_global_func("runtime.config_threadpool")(0, count)
     return count

@@ -125,6 +125,28 @@ def test_the_runtime_imports_only_tvm_runtime_library(tmp_path):
     assert _tvm_compiler_imports(probe, tmp_path) == ["probe.py:2: tvm.relax", "probe.py:4: tvm.target"]
 
 
+
+def test_the_runtime_imports_no_tvm_package_and_the_compiler_no_torch():
+    """In a fresh process: ``forge_core.runtime`` leaves TVM's Python package unimported (tvm_ffi drives the
+    runtime library); the compiler side's ``import tvm``, wherever it first happens, leaves torch unimported
+    (tvm_ffi and tvm import it whenever it is installed: a second and hundreds of MB), and torch then imports
+    as usual."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\n"
+        "import forge_core.runtime\n"
+        "assert 'tvm' not in sys.modules and 'tvm_ffi' in sys.modules, sorted(sys.modules)\n"
+        "from forge_core.compiler.compile import compile_to_function\n"
+        "from tvm import relax\n"
+        "assert 'tvm' in sys.modules and 'torch' not in sys.modules\n"
+        "import torch\n"
+        "print('ok', torch.__name__)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok torch", done.stderr[-2000:]
+
 def test_only_the_loaders_import_the_ir_module_class_inside_forge_core():
     """The compiler, quantization, tuning and graph API take a module as ``forge_core.ir.parts.ModuleParts``:
     ``ir/module.py`` imports them (lazily), and an import back would close a circle through it."""

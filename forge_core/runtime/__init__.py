@@ -1,8 +1,8 @@
 """Forge's light runtime: load a compiled ``model_library.so`` and run it.
 
-Imports TVM's runtime and numpy only; no frontend, onnx, torch or tensorflow, and nothing of
-TVM's compiler library: with ``TVM_USE_RUNTIME_LIB=1`` (or on a machine without
-``libtvm_compiler.so``) TVM loads its 3 MB runtime library alone::
+Imports numpy and ``tvm_ffi``, which drives TVM's 3 MB runtime library
+(:mod:`forge_core.runtime.vm`); no frontend, onnx, torch or tensorflow, not TVM's
+Python package, and nothing of TVM's compiler library (``libtvm_compiler.so``)::
 
     from forge_core.runtime import Runtime
 

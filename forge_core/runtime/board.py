@@ -76,7 +76,7 @@ def main(root: Path, argv: list[str] | None = None) -> int:
             times.append(time.perf_counter() - started)
         times.sort()
         print(f"{args.repeat} runs: median {times[len(times) // 2] * 1e3:.3f} ms")
-    import tvm
+    from forge_core.tvm_import import tvm_package_directory
 
-    print(f"platform {description['platform']}; TVM runtime from {Path(tvm.__file__).parent}")
+    print(f"platform {description['platform']}; TVM runtime from {tvm_package_directory()}")
     return 0

@@ -3,20 +3,17 @@
 TVM's runtime library (``libtvm_runtime.so``) drives the CPU. A GPU's backend is
 a sidecar library beside it (``libtvm_runtime_cuda.so``), which the compiler
 library loads as a dependency; with the runtime library alone (a board,
-``TVM_USE_RUNTIME_LIB=1``) nothing loads it, and ``tvm.cuda(0).exist`` is
+``TVM_USE_RUNTIME_LIB=1``, or Forge's runtime, which imports no ``tvm``) nothing loads it, and ``tvm.cuda(0).exist`` is
 False on a machine with a GPU. :func:`ensure_backend` loads it on demand.
 """
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
-import tvm
 import tvm_ffi
 from tvm_ffi.libinfo import load_lib_ctypes
 
 from forge_core.errors import ForgeError
+from forge_core.tvm_import import load_tvm_runtime, tvm_package_directory
 
 SIDECARS = {"cuda": "tvm_runtime_cuda"}
 """Device type -> the TVM library (``lib<name>.so``) that registers its backend."""
@@ -34,9 +31,10 @@ def ensure_backend(device_type: str, artifact: str) -> None:
     if device_type == "cpu" or registered(device_type) or device_type not in SIDECARS:
         return
     name = SIDECARS[device_type]
+    load_tvm_runtime()  # the sidecar links against it
     try:
         load_lib_ctypes(package="tvm", target_name=name, mode="RTLD_GLOBAL",
-                        extra_lib_paths=[Path(os.path.dirname(tvm.__file__)) / "lib"])
+                        extra_lib_paths=[tvm_package_directory() / "lib"])
     except OSError as error:
         raise ForgeError(
             f"{artifact!r} is built for {device_type}, and TVM's {device_type} runtime (lib{name}.so) did not load: "

@@ -14,8 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import tvm
-from tvm.runtime.vm import VirtualMachine  # TVM's runtime library: no compiler needed
 
 from forge_core.errors import (
     ArtifactCorruptedError, CorruptLibraryError, ForgeError, KeyIgnoredWarning, OptionError, PathNotFoundError,
@@ -31,9 +29,12 @@ from forge_core.runtime.library_file import (
 from forge_core.runtime.outputs import outputs_to_numpy, to_device
 from forge_core.runtime.profiling import FunctionTime, profile_calls
 from forge_core.runtime.signature import SignatureSurface, TensorSpec, check_inputs, explained_run_errors, random_inputs
+from forge_core.runtime.vm import VirtualMachine, device_exists
+from forge_core.runtime.vm import device as make_device
 from forge_core.runtime.vm_threads import VMSessions
+from forge_core.tvm_import import import_tvm
 
-_DEVICES = {"cpu": tvm.cpu, "cuda": tvm.cuda}
+_DEVICES = ("cpu", "cuda")
 
 
 def cross_check_metadata_file(library: Path, data: bytes, document: dict[str, Any]) -> None:
@@ -227,8 +228,10 @@ class Runtime(LoadedArtifact):
         if device_type not in _DEVICES:
             raise ForgeError(f"{str(path)!r} targets device {device_type!r}, which this runtime cannot drive")
         ensure_backend(device_type, str(path))
-        device = _DEVICES[device_type](0)
-        if not device.exist:
+        if device_type != "cpu":
+            import_tvm()  # a GPU's tensors: TVM's own classes copy them (tvm.runtime.Tensor.numpy)
+        device = make_device(device_type, 0)
+        if not device_exists(device):
             raise ForgeError(f"{str(path)!r} is built for {device_type}, and no {device_type} device is present")
         target_cores = (document.get("target") or {}).get("config", {}).get("num-cores")
         self._path = path
@@ -236,7 +239,7 @@ class Runtime(LoadedArtifact):
         self._metadata["library"] = {"file": str(path), "sha256": None}  # filled by get_metadata()
         self._device = device
         if encrypted:
-            def is_this_library(module: tvm.runtime.Module) -> bool:
+            def is_this_library(module: Any) -> bool:
                 loaded = VirtualMachine(module, device)[schema.METADATA_FUNCTION]()
                 return bool(json.loads(str(loaded)) == embedded)
 

@@ -30,10 +30,11 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-import tvm
+import tvm_ffi
 
 from forge_core.errors import ArtifactCorruptedError, ForgeError
 from forge_core.runtime.cpu_features import host_machine  # noqa: F401 - imported from here too
+from forge_core.tvm_import import load_tvm_runtime
 
 
 # ELF e_machine values (the ELF specification)
@@ -112,7 +113,7 @@ def verify(data: bytes, name: str) -> None:
         )
 
 
-def _load_shared_library(path: str) -> tvm.runtime.Module:
+def _load_shared_library(path: str) -> tvm_ffi.Module:
     """``dlopen`` a library as a TVM module that is unloaded when its last user goes.
 
     ``tvm.runtime.load_module`` adds every module it loads to TVM's process-wide
@@ -121,10 +122,11 @@ def _load_shared_library(path: str) -> tvm.runtime.Module:
     4 mappings and 26 KiB of a 36 KiB library, per load, for ever). The VM and every
     function taken from the module hold it, so unloading waits for them.
     """
-    return tvm.get_global_func("ffi.Module.load_from_file.so")(path, "so")
+    load_tvm_runtime()  # the model library calls into it
+    return tvm_ffi.get_global_func("ffi.Module.load_from_file.so")(path, "so")
 
 
-def load_library_bytes(data: bytes, name: str) -> tvm.runtime.Module:
+def load_library_bytes(data: bytes, name: str) -> tvm_ffi.Module:
     """Load a TVM library from its bytes, through a private, uniquely named file."""
     private_dir = tempfile.mkdtemp(prefix="forge-lib-")
     try:
@@ -158,7 +160,7 @@ def _memory_file(data: bytes) -> int:
 
 
 def load_library_in_memory(data: bytes, name: str,
-                           is_this_library: Callable[[tvm.runtime.Module], bool]) -> tuple[tvm.runtime.Module, int]:
+                           is_this_library: Callable[[tvm_ffi.Module], bool]) -> tuple[tvm_ffi.Module, int]:
     """Load a TVM library from bytes held in memory only: ``(module, descriptor)``.
 
     Keep the descriptor open while the module is in use, and close it after.

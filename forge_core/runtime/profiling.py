@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tvm.runtime.vm import VirtualMachine  # TVM's runtime library: no compiler needed
+from forge_core.runtime.vm import VirtualMachine
 
 _NO_OP = 0  # relax.VMInstrumentReturnKind.NO_OP
 

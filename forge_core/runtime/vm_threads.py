@@ -27,8 +27,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import tvm
-from tvm.runtime.vm import VirtualMachine  # TVM's runtime library: no compiler needed
+from forge_core.runtime.vm import VirtualMachine  # TVM's runtime library through tvm_ffi: no compiler needed
 
 from forge_core.threads import configure_threads
 
@@ -50,13 +49,13 @@ class VMSessions:
     """A loaded library's virtual machines: one per thread allowed to run TVM (see the module's note).
 
     Args:
-        executable: A ``tvm.runtime.Module`` or Relax executable.
+        executable: A loaded library (``tvm_ffi.Module``) or a Relax executable.
         device: The device the VM runs on.
         target_cores: The ``num-cores`` the artifact was compiled for, if any,
             which sizes the worker pool (:func:`forge_core.threads.configure_threads`).
     """
 
-    def __init__(self, executable: Any, device: tvm.runtime.Device, target_cores: int | None = None) -> None:
+    def __init__(self, executable: Any, device: Any, target_cores: int | None = None) -> None:
         self._executable = executable
         self._device = device
         self._target_cores = target_cores
