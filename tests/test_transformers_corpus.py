@@ -8,7 +8,9 @@ MobileViT and the Whisper encoder. Each goes through two routes or more
 * ``torchscript<opset>``: ``torch.onnx.export(..., dynamo=False)`` at opset 14
   or 17, then ``forge.from_onnx``; ``-dynamic`` exports the batch (and, for
   text, the sequence) as dynamic axes, and the import runs at two sizes;
-* ``dynamo``: ``torch.onnx.export(..., dynamo=True)`` (opset 18), then ``forge.from_onnx``;
+* ``dynamo``: ``torch.onnx.export(..., dynamo=True)`` (opset 18), then ``forge.from_onnx``; ``-dynamic``
+  gives ``dynamic_shapes`` (the batch a named ``Dim``, the sequence ``Dim.AUTO``), as Hugging Face's
+  exports leave them;
 * ``from_torch``: ``forge.from_torch`` on the module (``torch.export``, or
   its ONNX fallback where that route fails, as for GPT-2);
 * ``from_torch-traced``: ``forge.from_torch`` on ``torch.jit.trace(module)``.
@@ -65,6 +67,8 @@ CASES = [
     Case("gpt2", "torchscript14-dynamic"),
     Case("gpt2", "from_torch", compile=True),
     Case("gpt2", "dynamo"),
+    Case("bert", "dynamo-dynamic", compile=True),
+    Case("gpt2", "dynamo-dynamic"),
     Case("t5-encoder", "torchscript17-dynamic"),
     Case("t5-encoder", "from_torch-traced"),
     Case("vit", "torchscript17"),
@@ -99,11 +103,16 @@ def export_torchscript(model, inputs, arch: Architecture, opset: int, dynamic: b
     return onnx.load_from_string(buffer.getvalue())
 
 
-def export_dynamo(model, inputs, arch: Architecture) -> onnx.ModelProto:
+def export_dynamo(model, inputs, arch: Architecture, dynamic: bool = False) -> onnx.ModelProto:
+    shapes = None
+    if dynamic:
+        batch = torch.export.Dim("batch", min=1, max=64)
+        shapes = {name: {axis: batch if axis == 0 else torch.export.Dim.AUTO for axis in arch.dynamic_axes[name]}
+                  for name in arch.input_names}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(model, inputs, input_names=list(arch.input_names), opset_version=18,
-                                    dynamo=True, verbose=False)
+                                    dynamo=True, verbose=False, dynamic_shapes=shapes)
     return program.model_proto
 
 
@@ -112,8 +121,8 @@ def load(case: Case, model, inputs, arch: Architecture) -> forge.IRModule:
     if route.startswith("torchscript"):
         opset = int(route.removeprefix("torchscript").split("-")[0])
         return forge.from_onnx(export_torchscript(model, inputs, arch, opset, route.endswith("-dynamic")))
-    if route == "dynamo":
-        return forge.from_onnx(export_dynamo(model, inputs, arch))
+    if route.startswith("dynamo"):
+        return forge.from_onnx(export_dynamo(model, inputs, arch, dynamic=route.endswith("-dynamic")))
     if route == "from_torch":
         return forge.from_torch(model, example_inputs=inputs)
     if route == "from_torch-traced":
