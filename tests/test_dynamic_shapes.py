@@ -530,6 +530,23 @@ def test_inputs_of_unnamed_batches_joined_and_added_compile_at_every_opt_level(o
         runtime.infer(feeds["a"], feeds["b"][:2], feeds["c"])
 
 
+
+def test_inputs_of_unnamed_batches_build_for_cuda_and_aarch64(tmp_path, monkeypatch):
+    """The same model for the other target classes at opt_level 3: its CUDA kernels compile with nvcc, and an
+    aarch64 library is built."""
+    import shutil
+
+    from forge_core.runtime.library_file import elf_machine
+
+    ir = forge.from_onnx(_unnamed_batches())
+    sources = cuda_compiles(monkeypatch)
+    ir.compile(target="cuda -arch=sm_90", output_path=tmp_path / "cuda", opt_level=3)
+    assert len(sources) == 1 and check_cuda_library(tmp_path / "cuda" / "model_library.so", "sm_90")
+    if shutil.which("aarch64-linux-gnu-gcc") is None:
+        pytest.skip("aarch64-linux-gnu-gcc is not installed (./scripts/setup installs Debian's gcc-aarch64-linux-gnu)")
+    ir.compile(target="llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a76", output_path=tmp_path / "arm", opt_level=3)
+    assert elf_machine((tmp_path / "arm" / "model_library.so").read_bytes()) == "aarch64"
+
 def test_a_slice_to_a_large_end_on_a_dynamic_batch_then_tanh_compiles_with_fast_math(tmp_path):
     """magika's export (jax2tf) slices its batch to 1000000000, so its dims are ``min(1000000000, n)``; a GELU's
     tanh after a convolution and a Mul then failed to build at opt_level 3 (fast_math's kernel and the Mul's
