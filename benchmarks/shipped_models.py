@@ -616,9 +616,10 @@ def run_one(path: Path, timeout: float, threads: int, compiled: bool = False) ->
         for key in ("TVM_NUM_THREADS", "OMP_NUM_THREADS"):
             env[key] = str(threads)
     started = time.perf_counter()
-    process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", str(path),
-                                "--threads", str(threads), *(["--compiled"] if compiled else [])], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, env=env, start_new_session=True)
+    command = [sys.executable, str(Path(__file__).resolve()), "--worker", str(path), "--threads", str(threads),
+               *(["--compiled"] if compiled else [])]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                               start_new_session=True)
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

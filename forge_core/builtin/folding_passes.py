@@ -81,7 +81,8 @@ def _fold_conv_bias_batch_norm(mod: tvm.IRModule, with_bias: bool = True) -> tvm
         shift = beta if norm.attrs.center else np.zeros_like(beta)
         new_weight = (weight * scale.reshape(-1, 1, 1, 1)).astype(weight.dtype)
         new_bias = ((bias.reshape(-1) - mean) * scale + shift).astype(bias.dtype).reshape(bias.shape)
-        folded = relax.Call(conv.op, [matches[parts["data"]], relax.const(new_weight, str(new_weight.dtype))], conv.attrs)
+        weight_const = relax.const(new_weight, str(new_weight.dtype))  # not relax.const's default: float64 stays
+        folded = relax.Call(conv.op, [matches[parts["data"]], weight_const], conv.attrs)
         return relax.op.add(folded, relax.const(new_bias, str(new_bias.dtype)))
 
     return rewrite_functions(mod, pattern, rewrite)

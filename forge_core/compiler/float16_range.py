@@ -74,8 +74,8 @@ def measure(mod: tvm.IRModule, opt_level: int = 2, seed: int = 0) -> dict[str, f
     """The largest finite magnitude of each float32 tensor that an operator computes in ``main``, by binding
     name, on random inputs (run on this machine's CPU)."""
     from forge_core.compiler.pipeline import build
-    from forge_core.passes import keeping_match_casts
     from forge_core.ir.introspection import input_specs
+    from forge_core.passes import keeping_match_casts
     from forge_core.runtime.signature import DYNAMIC_DIM, random_inputs
     from forge_core.targets.parsing import resolve_target
 
