@@ -16,9 +16,10 @@ in a fresh process of its own (a crash or a hang stops that model only; ``--time
   (``dynamic_load``: ``ok`` or the error's first line), then built and run on the same inputs and compared
   with the reference (``dynamic_run``: ``match``, ``mismatch: ...`` or the error's first line); where that
   matches and the export names its batch dim, once more with new inputs at a batch of 3 (``dynamic_batch_3``).
-  With ``--compiled``, the dynamic import is also compiled as ``compile()`` compiles it (opt_level 3, this
-  CPU's schedules and fast-math; in memory, no artifact) and run on the same inputs (``compiled_run``), and
-  at a batch of 3 where that was checked (``compiled_batch_3``).
+  With ``--compiled``, the static and the dynamic imports are also compiled as ``compile()`` compiles them
+  (opt_level 3, this CPU's schedules and fast-math; in memory, no artifact) and run on the same inputs
+  (``compiled_static``, ``compiled_run``), the dynamic one also at a batch of 3 where that was checked
+  (``compiled_batch_3``).
 * TFLite: the stored input shapes; the reference is ``tf.lite.Interpreter``; Forge is
   ``forge.from_tflite(path)``. A stateful (streaming) model runs three steps from ``ir.initial_state``,
   its ``*_next`` outputs fed back, against three interpreter invocations.
@@ -398,6 +399,9 @@ def _onnx_worker(path: Path, threads: int, record: dict) -> None:
                              compiled=True)
 
     _static_run(record, ir, reference, arrays, names, session_of)
+    if COMPILED and ir is not None and reference is not None:
+        print(MARK + json.dumps({**record, "compiled_static": "crash (the process died)"}), flush=True)
+        _dynamic_run(record, ir, arrays, names, reference, key="compiled_static", compiled=True)
     dynamic()
 
 
@@ -445,7 +449,7 @@ def _dynamic_run(record: dict, ir: Any, arrays: dict, names: list[str], referenc
                 from forge_core.compiler.compile import compile_to_function
 
                 _DYNAMIC_FUNCTIONS[(id(ir), compiled)] = compile_to_function(ir, opt_level=3)
-                record["compile_s"] = time.perf_counter() - started
+                record[f"{key}_compile_s"] = time.perf_counter() - started
             else:
                 _DYNAMIC_FUNCTIONS[(id(ir), compiled)] = ir.get_inference_function()
         got = _DYNAMIC_FUNCTIONS[(id(ir), compiled)](*args)
@@ -660,7 +664,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=0, help="threads for every engine (0: their defaults)")
     parser.add_argument("--json", default=str(HERE / "results" / "shipped_models.json"))
     parser.add_argument("--compiled", action="store_true",
-                        help="also compile each ONNX model's dynamic import at opt_level 3 and check it")
+                        help="also compile each ONNX model (static and dynamic imports) at opt_level 3 and check it")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -701,6 +705,8 @@ def main() -> int:
                   + (f"  dynamic run: {row['dynamic_run']}" if row.get("dynamic_run") not in (None, "match") else "")
                   + (f"  batch 3: {row['dynamic_batch_3']}" if row.get("dynamic_batch_3") not in (None, "match")
                      else "")
+                  + (f"  compiled static: {row['compiled_static']}" if row.get("compiled_static") not in (None, "match")
+                     else "")
                   + (f"  compiled: {row['compiled_run']}" if row.get("compiled_run") not in (None, "match") else "")
                   + (f"  compiled batch 3: {row['compiled_batch_3']}"
                      if row.get("compiled_batch_3") not in (None, "match") else "")
@@ -739,8 +745,9 @@ def main() -> int:
           + f"; ONNX loaded with dynamic dims: {dynamic_ok}/{dynamic_tried}, and of those the runtime ran, "
             f"{dynamic_match}/{dynamic_ran} give its numbers; at a batch of 3 (where the export names its batch "
             f"dim and the runtime runs it), {batch_match}/{batch_ran}"
-          + (f"; compiled (opt_level 3, dims dynamic): {_count(rows, 'compiled_run')}, at a batch of 3: "
-             f"{_count(rows, 'compiled_batch_3')}" if args.compiled else ""))
+          + (f"; compiled at opt_level 3: static {_count(rows, 'compiled_static')}, dims dynamic "
+             f"{_count(rows, 'compiled_run')}, at a batch of 3 {_count(rows, 'compiled_batch_3')}"
+             if args.compiled else ""))
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"host": describe_host(), "packages": [*PACKAGES, *NPM_PACKAGES], "counts": counts,
