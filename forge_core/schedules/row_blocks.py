@@ -34,8 +34,7 @@ from tvm import s_tir, tirx
 from tvm.sym import Analyzer
 
 from forge_core.schedules.batch_loop import (_bound_vars, _contains, _is_static, _needs_alignment, _symbolic_vars,
-                                              only_as_leading_indices,
-                                             _touched, split_stages)
+                                             _touched, dims_as_values, only_as_leading_indices, split_stages)
 from forge_core.schedules.rewrite import substitute
 
 ROW_BLOCKS_ATTR = "forge.row_blocks"
@@ -73,7 +72,8 @@ def row_prefix(func: tirx.PrimFunc) -> list[object] | None:
     buffer ("batched") reads and writes one element of each leading axis of
     each, the same block iterator per variable axis for all of them, over the
     whole ``[0, dim)``; that iterator appears nowhere else in the block (not
-    in another index, a value, a static buffer's index); a block that touches
+    in another index, a value, a static buffer's index), and no block computes
+    with a dim itself (:func:`dims_as_values`); a block that touches
     batched buffers writes only batched buffers; and no batched buffer is read
     before a block overwrites it (an in-place kernel: a row computed twice
     would read its own output).
@@ -159,6 +159,8 @@ def row_prefix(func: tirx.PrimFunc) -> list[object] | None:
     bound = _bound_vars(func.body)
     dims = [d for d in prefix if isinstance(d, tirx.Var)]
     if any(not any(v.same_as(d) for d in dims) for v in _symbolic_vars(func.body) if v.__chandle__() not in bound):
+        return None
+    if dims_as_values(func, dims):
         return None
     return prefix
 
