@@ -101,7 +101,11 @@ def tvm_package_directory() -> Path:
         return Path(sys.modules["tvm"].__file__).parent
     spec = importlib.machinery.PathFinder.find_spec("tvm")  # sys.path alone: not _TvmImport, which runs once
     if spec is None or not spec.submodule_search_locations:
-        raise ImportError("TVM's Python package (apache-tvm) is not installed")
+        from forge_core.errors import MissingDependencyError
+
+        raise MissingDependencyError("Forge's runtime needs TVM's package (apache-tvm, its runtime library in "
+                                     "tvm/lib), which is not installed. Install it with: pip install forge-core",
+                                     name="tvm")
     return Path(list(spec.submodule_search_locations)[0])
 
 

@@ -14,6 +14,7 @@ import math
 from collections.abc import Callable
 
 import tvm
+import tvm_ffi
 from tvm import relax, te, topi
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
@@ -45,13 +46,21 @@ _UNARY: dict[str, tuple[Callable[[te.Tensor], te.Tensor], str]] = {
 
 
 def _plain_dims(ty: relax.TensorType) -> bool:
-    """Whether each dim is a constant or a symbolic var. A dim computed from vars (``min(1000000000, n)``: a
-    Slice to a large end on a dynamic batch, magika's) makes ``call_te`` pass the var as an extra argument, and
-    TVM's FuseTIR then refused to fuse the kernel with its producer ("Inconsistent buffers"); such a tensor
-    keeps TVM's own lowering of the operator (exact, not vectorized)."""
+    """Whether no dim holds a ``min`` or ``max`` (``min(1000000000, n)``: a Slice to a large end on a dynamic
+    batch, magika's). For such a tensor ``call_te`` passes the vars as extra arguments, and TVM's FuseTIR then
+    refused to fuse the kernel with its producer ("Inconsistent buffers"); it keeps TVM's own lowering of the
+    operator (exact, not vectorized). Dims of arithmetic alone (a detector's ``(h - 1) // 8 + 1``) fuse."""
     if ty.shape is None:
         return False
-    return all(isinstance(dim, (tvm.tirx.IntImm, tvm.tirx.Var)) for dim in ty.shape.values)
+    found: list[object] = []
+
+    def note(node: object) -> object:
+        found.append(node)
+        return node
+
+    for dim in ty.shape.values:
+        tvm_ffi.structural_map(dim, [(tvm.tirx.Min, note), (tvm.tirx.Max, note)])
+    return not found
 
 
 @mutator
