@@ -381,7 +381,7 @@ def _onnx_worker(path: Path, threads: int, record: dict) -> None:
         if dynamic_ir is None or reference is None:
             return
         print(MARK + json.dumps({**record, "dynamic_run": "crash (the process died)"}), flush=True)
-        _dynamic_run(record, dynamic_ir, arrays, names, reference)
+        _checked_run(record, dynamic_ir, arrays, names, reference)
         batched = _other_batch(model, initializers, arrays, hint, rng)
         if batched is not None and record.get("dynamic_run") == "match":
             try:
@@ -389,19 +389,19 @@ def _onnx_worker(path: Path, threads: int, record: dict) -> None:
             except Exception as exc:  # noqa: BLE001 - the runtime refuses the other batch: nothing to compare
                 record["dynamic_batch_3"] = f"reference fails: {_first_line(exc)}"
             else:
-                _dynamic_run(record, dynamic_ir, batched, names, batched_reference, key="dynamic_batch_3")
+                _checked_run(record, dynamic_ir, batched, names, batched_reference, key="dynamic_batch_3")
         if COMPILED:
             print(MARK + json.dumps({**record, "compiled_run": "crash (the process died)"}), flush=True)
-            _dynamic_run(record, dynamic_ir, arrays, names, reference, key="compiled_run", compiled=True)
+            _checked_run(record, dynamic_ir, arrays, names, reference, key="compiled_run", compiled=True)
             if batched is not None and record.get("compiled_run") == "match" and "dynamic_batch_3" in record \
                     and not str(record["dynamic_batch_3"]).startswith("reference fails"):
-                _dynamic_run(record, dynamic_ir, batched, names, batched_reference, key="compiled_batch_3",
+                _checked_run(record, dynamic_ir, batched, names, batched_reference, key="compiled_batch_3",
                              compiled=True)
 
     _static_run(record, ir, reference, arrays, names, session_of)
     if COMPILED and ir is not None and reference is not None:
         print(MARK + json.dumps({**record, "compiled_static": "crash (the process died)"}), flush=True)
-        _dynamic_run(record, ir, arrays, names, reference, key="compiled_static", compiled=True)
+        _checked_run(record, ir, arrays, names, reference, key="compiled_static", compiled=True)
     dynamic()
 
 
@@ -436,11 +436,11 @@ _DYNAMIC_FUNCTIONS: dict[tuple[int, bool], Any] = {}
 COMPILED = False  # --compiled
 
 
-def _dynamic_run(record: dict, ir: Any, arrays: dict, names: list[str], reference: list,
+def _checked_run(record: dict, ir: Any, arrays: dict, names: list[str], reference: list,
                  key: str = "dynamic_run", compiled: bool = False) -> None:
-    """The model imported with its dims left dynamic, built (once: its inference function, or ``compiled`` as
-    ``compile()`` compiles it) and run on ``arrays`` against the reference's outputs: ``record[key]`` is
-    ``match``, ``mismatch: ...`` or the error's first line."""
+    """An import of the model (dims dynamic, or static for ``compiled_static``), built once (its inference
+    function, or ``compiled`` as ``compile()`` compiles it) and run on ``arrays`` against the reference's
+    outputs: ``record[key]`` is ``match``, ``mismatch: ...`` or the error's first line."""
     args = [arrays[n] for n in ir.input_names] if set(ir.input_names) == set(arrays) else list(arrays.values())
     try:
         if (id(ir), compiled) not in _DYNAMIC_FUNCTIONS:

@@ -27,6 +27,9 @@ from types import ModuleType
 from typing import Any
 
 
+_runtime_loaded = False  # load_tvm_runtime has loaded libtvm_runtime.so
+
+
 class _HideFrameworks(importlib.abc.MetaPathFinder):
     hidden = ("torch",)
 
@@ -112,13 +115,14 @@ def tvm_package_directory() -> Path:
 def load_tvm_runtime() -> None:
     """Load TVM's runtime library (``libtvm_runtime.so``) for ``tvm_ffi``, unless ``import tvm`` did: where TVM's
     package loads it (``TVM_LIBRARY_PATH`` first, then its ``lib/``)."""
-    if "tvm" in sys.modules or getattr(load_tvm_runtime, "done", False):
+    global _runtime_loaded
+    if "tvm" in sys.modules or _runtime_loaded:
         return
     from tvm_ffi.libinfo import load_lib_ctypes
 
     paths = [Path(os.environ["TVM_LIBRARY_PATH"])] if os.environ.get("TVM_LIBRARY_PATH") else []
     load_lib_ctypes("tvm", "tvm_runtime", "RTLD_GLOBAL", extra_lib_paths=[*paths, tvm_package_directory() / "lib"])
-    load_tvm_runtime.done = True  # type: ignore[attr-defined]
+    _runtime_loaded = True
 
 
 def enable_torch_interop() -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import tvm_ffi
 
 from forge_core.errors import (
     ArtifactCorruptedError, CorruptLibraryError, ForgeError, KeyIgnoredWarning, OptionError, PathNotFoundError,
@@ -30,7 +31,6 @@ from forge_core.runtime.outputs import outputs_to_numpy, to_device
 from forge_core.runtime.profiling import FunctionTime, profile_calls
 from forge_core.runtime.signature import SignatureSurface, TensorSpec, check_inputs, explained_run_errors, random_inputs
 from forge_core.runtime.vm import VirtualMachine, device_exists
-from forge_core.runtime.vm import device as make_device
 from forge_core.runtime.vm_threads import VMSessions
 from forge_core.tvm_import import import_tvm
 
@@ -230,7 +230,7 @@ class Runtime(LoadedArtifact):
         ensure_backend(device_type, str(path))
         if device_type != "cpu":
             import_tvm()  # a GPU's tensors: TVM's own classes copy them (tvm.runtime.Tensor.numpy)
-        device = make_device(device_type, 0)
+        device = tvm_ffi.device(device_type, 0)
         if not device_exists(device):
             raise ForgeError(f"{str(path)!r} is built for {device_type}, and no {device_type} device is present")
         target_cores = (document.get("target") or {}).get("config", {}).get("num-cores")

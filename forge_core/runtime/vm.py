@@ -19,15 +19,9 @@ from forge_core.tvm_import import load_tvm_runtime
 
 load_tvm_runtime()
 
-CPU, CUDA = 1, 2  # DLPack device types
-_DEVICE_TYPES = {"cpu": CPU, "cuda": CUDA}
+CPU = 1  # DLPack device type
 _POOLED_ALLOCATOR = 2  # TVM's VirtualMachine.POOLED_ALLOCATOR
 _RPC_SESSION_MASK = 128  # device types of a remote session carry this bit
-
-
-def device(kind: str, index: int = 0) -> Any:
-    """A ``tvm_ffi`` device (``tvm.runtime.Device`` where ``tvm`` is imported)."""
-    return tvm_ffi.device(kind, index)
 
 
 def device_exists(dev: Any) -> bool:
