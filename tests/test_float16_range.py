@@ -153,3 +153,59 @@ def test_dynamic_dims_are_checked_at_a_length_where_values_grow(tmp_path, caplog
     want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, want, rtol=1e-2)
+
+
+def clip_and_triu_model() -> bytes:
+    """HardSwish, HardSigmoid and a Clip with bounds as inputs (MobileNetV3's and DBNet's activations, which
+    import as ``clip``), and a Trilu with its diagonal as an input: operators with plain value arguments, which
+    TVM's mixed-precision conversion could not type (``set_float16`` stopped: "Expected TensorType")."""
+    rng = np.random.default_rng(5)
+    w1 = rng.standard_normal((8, 3, 3, 3)).astype("float32") * 0.5
+    w2 = rng.standard_normal((8, 8, 1, 1)).astype("float32") * 0.4
+    inits = [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"),
+             numpy_helper.from_array(np.array(-1.5, "float32"), "low"),
+             numpy_helper.from_array(np.array(2.5, "float32"), "high"),
+             numpy_helper.from_array(np.array(1, "int64"), "k"),
+             numpy_helper.from_array(np.array([8, 100], "int64"), "flat")]
+    nodes = [
+        oh.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        oh.make_node("HardSwish", ["c1"], ["h1"], name="hardswish"),
+        oh.make_node("Conv", ["h1", "w2"], ["c2"], name="conv2"),
+        oh.make_node("Clip", ["c2", "low", "high"], ["k2"], name="clip"),
+        oh.make_node("HardSigmoid", ["k2"], ["s2"], name="hardsigmoid", alpha=0.2, beta=0.5),
+        oh.make_node("Reshape", ["s2", "flat"], ["r"], name="flatten"),
+        oh.make_node("Transpose", ["r"], ["rt"], name="transpose", perm=[1, 0]),
+        oh.make_node("MatMul", ["r", "rt"], ["g"], name="gram"),
+        oh.make_node("Trilu", ["g", "k"], ["y"], name="upper", upper=1),
+    ]
+    graph = oh.make_graph(nodes, "activations", [oh.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 10, 10])],
+                          [oh.make_tensor_value_info("y", TensorProto.FLOAT, [8, 8])], initializer=inits)
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    return model.SerializeToString()
+
+
+@pytest.mark.parametrize("opt_level", [0, 1, 3])
+def test_clip_and_trilu_convert_to_float16_with_onnxruntimes_numbers(tmp_path, opt_level):
+    data = clip_and_triu_model()
+    want = reference(data, X10)
+    ir = forge.from_onnx(data)
+    ir.compile(output_path=tmp_path / "fp16", set_float16=True, opt_level=opt_level)
+    got = forge.Runtime(tmp_path / "fp16").infer(X10)[0]
+    assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max()
+    assert np.count_nonzero(np.tril(want, 0)) == 0 and np.count_nonzero(np.triu(want, 1)) > 20  # a real mask
+    ir.apply_pass("set_float16")
+    converted = ir.mod.script()
+    assert "float16" in converted and "R.clip" not in converted  # the clips stay in float16, as min and max
+
+
+def test_clip_and_trilu_in_float16_build_for_cuda(tmp_path, monkeypatch):
+    from cuda_checks import check_cuda_library, cuda_compiles
+
+    cuda_compiles(monkeypatch)
+    forge.from_onnx(clip_and_triu_model()).compile(target="cuda -arch=sm_90", output_path=tmp_path / "cuda",
+                                                   set_float16=True)
+    assert check_cuda_library(tmp_path / "cuda" / "model_library.so", "sm_90")
+
+
+X10 = np.random.default_rng(12).standard_normal((1, 3, 10, 10)).astype("float32")

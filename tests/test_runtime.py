@@ -228,3 +228,26 @@ def test_every_array_reaches_the_vm_and_comes_back_unchanged(array):
     (back,) = outputs_to_numpy(to_device(array, tvm.cpu()))
     assert back.dtype == array.dtype and back.shape == array.shape
     np.testing.assert_array_equal(back, array)
+
+
+def test_a_gpus_profile_waits_for_each_kernel(tmp_path, monkeypatch):
+    """A GPU runs a kernel after its launch returns: the profile synchronizes the device around every call (its
+    rows held launch times before). Checked here on the CPU with the runtime's device taken for a GPU."""
+    from forge_core.runtime import engine
+
+    forge.from_onnx(conv_bn_net(seed=23)).compile(output_path=tmp_path / "a")
+    runtime = Runtime(tmp_path / "a")
+    waited: list[tuple] = []
+    real = engine.tvm_ffi.get_global_func
+
+    def get_global_func(name, *args, **kwargs):
+        if name == "runtime.Device_StreamSync":
+            return lambda device, stream: waited.append((device, stream))
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(engine.tvm_ffi, "get_global_func", get_global_func)
+    assert runtime.profile(repeat=2) and not waited  # a CPU: nothing to wait for
+    monkeypatch.setattr(engine, "CPU_DEVICE_TYPE", -1)  # any device is now "not the CPU"
+    rows = runtime.profile(repeat=2)
+    calls = sum(row.calls for row in rows) * 2
+    assert len(waited) == 2 * calls  # before and after every call of both runs

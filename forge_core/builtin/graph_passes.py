@@ -20,12 +20,13 @@ from collections.abc import Callable
 
 import tvm
 from tvm import relax
+from tvm.relax import dpl
 
 from forge_core.compiler.options import CHANNEL_LAYOUTS
 from forge_core.errors import OptionError
 from forge_core.hookspecs import hookimpl
 from forge_core.ir.constant_arithmetic import fold_constant
-from forge_core.passes import PassContext, canonicalize_bindings, keeping_match_casts
+from forge_core.passes import PassContext, canonicalize_bindings, keeping_match_casts, rewrite_functions
 
 logger = logging.getLogger("forge.quantization")
 
@@ -90,7 +91,28 @@ def set_float16(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:
         module = keeping_match_casts(module, relax.transform.ConvertToDataflow())
         return _run(module, context, [relax.transform.ToMixedPrecision(out_dtype="float32")])
 
-    return convert_keeping_range(mod, convert, context.params)
+    return convert_keeping_range(_clip_as_min_max(mod), convert, context.params)
+
+
+def _clip_as_min_max(mod: tvm.IRModule) -> tvm.IRModule:
+    """``clip(x, low, high)`` with constant bounds as ``maximum(minimum(x, high), low)`` (TOPI's clip, exactly).
+
+    TVM's ``ToMixedPrecision`` stops on an argument that is not a tensor ("Expected TensorType, but got
+    T.int64"): every model with a HardSwish, a HardSigmoid or a ReLU6 imported as ``clip`` (MobileNetV3, DBNet)
+    failed ``set_float16``. As a minimum and a maximum the clip stays in float16 with its neighbours.
+    """
+    pattern = dpl.is_op("relax.clip")(dpl.wildcard(), dpl.wildcard(), dpl.wildcard())
+
+    def rewrite(expr: relax.Expr, _matches: dict) -> relax.Expr:
+        data, low, high = expr.args
+        bounds = (low, high)
+        dtype = getattr(data.ty, "dtype", None)
+        if not all(isinstance(b, (tvm.tirx.IntImm, tvm.tirx.FloatImm)) for b in bounds) or dtype is None:
+            return expr  # symbolic bounds: kept in float32 (forge_core.compiler.float16_range)
+        low_value, high_value = (relax.const(float(b.value), str(dtype)) for b in bounds)
+        return relax.op.maximum(relax.op.minimum(data, high_value), low_value)
+
+    return rewrite_functions(mod, pattern, rewrite)
 
 
 def simplify(mod: tvm.IRModule, context: PassContext) -> tvm.IRModule:

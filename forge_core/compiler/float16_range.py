@@ -15,7 +15,10 @@ margin for inputs larger than the samples) stays in float32, and so does
 every convolution or matmul that reads it (they would cast it to float16);
 each is named in the compile log. TVM's pass keeps a call to anything but an
 operator in its input dtypes, so those bindings are hidden from it as calls to
-placeholders (:class:`relax.ExternFunc`) and put back after it.
+placeholders (:class:`relax.ExternFunc`) and put back after it. So are the
+operators that take a plain value argument (``triu``'s diagonal), which TVM's
+pass cannot type ("Expected TensorType, but got T.int64"): they compute in
+their own dtype.
 
 Where the check cannot run (the float32 model does not build or run on the
 CPU), the compile log says the values were not checked.
@@ -127,6 +130,16 @@ def kept_in_float32(mod: tvm.IRModule, ranges: dict[str, float]) -> list[str]:
     return kept
 
 
+def _value_argument(arg: relax.Expr) -> bool:
+    """An argument that is a plain value (``triu``'s diagonal, ``clip``'s bounds), not a Relax expression."""
+    return isinstance(getattr(arg, "ty", None), tvm.ir.PrimType)
+
+
+def takes_values(call: relax.Expr) -> bool:
+    """Whether ``call`` is an operator with a plain value argument, which ``ToMixedPrecision`` cannot type."""
+    return isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) and any(map(_value_argument, call.args))
+
+
 @mutator
 class _Hide(PyExprMutator):
     def __init__(self, mod: tvm.IRModule, names: set[str]) -> None:
@@ -136,9 +149,10 @@ class _Hide(PyExprMutator):
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:  # noqa: N802 (TVM's name)
         value = binding.value
-        if binding.var.name not in self.names or not isinstance(value, relax.Call):
+        if not isinstance(value, relax.Call) or (binding.var.name not in self.names and not takes_values(value)):
             return super().visit_var_binding_(binding)
-        args = [self.visit_expr(arg) for arg in value.args]
+        # the placeholder takes the Relax arguments alone; the plain values wait in the hidden call
+        args = [self.visit_expr(arg) for arg in value.args if not _value_argument(arg)]
         symbol = f"{_PLACEHOLDER}{len(self.hidden)}"
         self.hidden[symbol] = value
         call = self.builder_.normalize(relax.Call(relax.ExternFunc(symbol), args, None, [binding.var.ty]))
@@ -158,7 +172,9 @@ class _Restore(PyExprMutator):
         args = [self.visit_expr(arg) for arg in call.args]
         if isinstance(call.op, relax.ExternFunc) and str(call.op.global_symbol) in self.hidden:
             original = self.hidden[str(call.op.global_symbol)]
-            return self.builder_.normalize(relax.Call(original.op, args, original.attrs, original.ty_args))
+            given = iter(args)
+            merged = [arg if _value_argument(arg) else next(given) for arg in original.args]
+            return self.builder_.normalize(relax.Call(original.op, merged, original.attrs, original.ty_args))
         if all(new.same_as(old) for new, old in zip(args, call.args)):
             return call
         return self.builder_.normalize(relax.Call(call.op, args, call.attrs, call.ty_args))
@@ -176,22 +192,32 @@ def convert_keeping_range(mod: tvm.IRModule, convert: Callable[[tvm.IRModule], t
         logger.warning("set_float16: the float32 values were not checked against float16's range (the check runs "
                        "the model on the CPU, which failed: %s); a value past 65504 would become inf",
                        str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__)
-        return convert(mod)
+        return _convert_hiding(mod, convert, [])
     kept = kept_in_float32(mod, ranges)
+    result = _convert_hiding(mod, convert, kept)
     if not kept:
-        return convert(mod)
+        return result
+    shown = ", ".join(f"{name} ({ranges[name]:.3g})" if name in ranges and ranges[name] > LIMIT
+                      else f"{name} (reads one)" for name in kept[:12])
+    logger.warning("set_float16: %d operator%s stay in float32, their values (on random inputs) past float16's "
+                   "safe range (|x| > %g; float16 ends at 65504): %s%s", len(kept), "" if len(kept) == 1 else "s",
+                   LIMIT, shown, f", and {len(kept) - 12} more" if len(kept) > 12 else "")
+    return result
+
+
+def _convert_hiding(mod: tvm.IRModule, convert: Callable[[tvm.IRModule], tvm.IRModule],
+                    kept: list[str]) -> tvm.IRModule:
+    """``convert(mod)`` with the bindings named in ``kept``, and the operators that take plain values, hidden
+    from it (they stay in their dtypes)."""
     hide = _Hide(mod, set(kept))
     hidden_main = hide.visit_expr(mod["main"])
+    if not hide.hidden:
+        return convert(mod)
     hidden = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
     hidden["main"] = hidden_main
     converted = convert(hidden)
     restored = _Restore(converted, hide.hidden).visit_expr(converted["main"])
     result = tvm.IRModule(dict(converted.functions), attrs=converted.attrs)
     result["main"] = restored
-    shown = ", ".join(f"{name} ({ranges[name]:.3g})" if name in ranges and ranges[name] > LIMIT
-                      else f"{name} (reads one)" for name in kept[:12])
-    logger.warning("set_float16: %d operator%s stay in float32, their values (on random inputs) past float16's "
-                   "safe range (|x| > %g; float16 ends at 65504): %s%s", len(kept), "" if len(kept) == 1 else "s",
-                   LIMIT, shown, f", and {len(kept) - 12} more" if len(kept) > 12 else "")
     return relax.transform.Normalize()(result)
 

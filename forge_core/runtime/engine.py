@@ -88,6 +88,9 @@ def check_cpu_features(library: Path, document: dict[str, Any]) -> None:
     )
 
 
+CPU_DEVICE_TYPE = 1  # DLPack's kDLCPU
+
+
 class LoadedArtifact(SignatureSurface):
     """What a loaded artifact's metadata says, shared by :class:`Runtime` and the remote runtime.
 
@@ -313,10 +316,14 @@ class Runtime(LoadedArtifact):
 
         entry = self._entry_function(checked)
 
+        sync = None
+        if self._device.dlpack_device_type() != CPU_DEVICE_TYPE:  # a GPU: each call timed to its kernel's end
+            sync = functools.partial(tvm_ffi.get_global_func("runtime.Device_StreamSync"), self._device, 0)
+
         def profile(vm: VirtualMachine) -> list[FunctionTime]:
             main = self._sessions.function(vm, entry)
             main(*args)
-            return profile_calls(vm, lambda: main(*args), repeat, schedules)
+            return profile_calls(vm, lambda: main(*args), repeat, schedules, sync)
 
         return self._sessions.run(profile)
 

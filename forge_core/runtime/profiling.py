@@ -38,10 +38,13 @@ class FunctionTime:
 
 
 def profile_calls(vm: VirtualMachine, run: Callable[[], Any], repeat: int,
-                  schedules: Mapping[str, Any] | None = None) -> list[FunctionTime]:
+                  schedules: Mapping[str, Any] | None = None,
+                  sync: Callable[[], Any] | None = None) -> list[FunctionTime]:
     """Run ``run`` ``repeat`` times with every VM call timed; slowest functions first.
 
     ``schedules`` is the artifact metadata's ``schedules`` entry: each row then names its kernel's rule.
+    ``sync`` waits for the device (a GPU runs kernels after their launch returns): called before and after
+    every call, so that each call's row holds its kernel's time, not its launch's.
     """
     rules = dict((schedules or {}).get("rules", {}))
     fallbacks = set((schedules or {}).get("fallbacks", ()))
@@ -49,6 +52,8 @@ def profile_calls(vm: VirtualMachine, run: Callable[[], Any], repeat: int,
     started: list[float] = []
 
     def instrument(func: Any, symbol: str, before_run: bool, ret_value: Any, *args: Any) -> int:
+        if sync is not None:
+            sync()
         if before_run:
             started.append(time.perf_counter())
         elif started:
