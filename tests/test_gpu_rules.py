@@ -127,7 +127,7 @@ def test_a_long_convolution_window_over_many_outputs_takes_one_thread_an_output(
 @pytest.mark.parametrize("rows,columns,tile", [
     (49, 512, SMALL_TILE),      # ResNet-50's last stage at batch 1: 16 blocks of dlight's tile
     (392, 512, SMALL_TILE),     # the same at batch 8
-    (1024, 768, LONG_K),        # BERT-6 at batch 8
+    (1024, 768, LONG_K),        # a BERT encoder (hidden 768) at batch 8
     (6272, 128, LONG_K),        # ResNet-50's second stage at batch 8
     (51200, 24, NARROW_TILE),   # DBNet's 24-channel convolutions at batch 8: J padded to 64 by dlight's tile
     (12800, 24, SMALL_TILE),    # the same, four times fewer outputs

@@ -142,8 +142,8 @@ def matmul_tile(rows: int, columns: int) -> Any:
     """The tile for a matmul (or a convolution as one) with ``rows`` x ``columns`` outputs (I x J).
 
     Measured on an H200 (132 SMs), kernel by kernel, over the convolutions and matmuls of ResNet-50,
-    MobileNetV2, a BERT-6 encoder and a DBNet detector at batch 1 and 8 against eight tiles
-    (``benchmarks/gpu_check.py``'s kernel runs; README, "On a real GPU"): dlight's one tile left most of the
+    MobileNetV2, a 6-layer BERT encoder and a DBNet detector at batch 1 and 8 against eight tiles
+    (``benchmarks/gpu_kernels.py``; README, "On a real GPU"): dlight's one tile left most of the
     GPU idle where the outputs are few (ResNet-50's last stage at batch 1: 16 blocks) and padded a narrow J
     (DBNet's 24 channels) to 64.
 
@@ -151,7 +151,7 @@ def matmul_tile(rows: int, columns: int) -> Any:
       0.56 of dlight's time);
     * J padded by more than a quarter: the 32x32 tile where it gives 1000 blocks or more (DBNet's 24-channel
       convolutions at batch 8: 0.56 to 0.61), else the 16x32 one (0.54);
-    * otherwise dlight's tile with 32 of K a step (BERT-6 at batch 8: 0.89 to 0.93).
+    * otherwise dlight's tile with 32 of K a step (the BERT encoder at batch 8: 0.89 to 0.93).
     """
     def blocks(tile_i: int, tile_j: int) -> int:
         return math.ceil(rows / tile_i) * math.ceil(columns / tile_j)
