@@ -56,14 +56,13 @@ def _kernels(name: str, work: Path):
 
     import torch
     import tvm
-    from tvm import relax
-
     import forge
     from forge_core.compiler.legal_layouts import LegalLayouts
     from forge_core.compiler.options import CompileOptions
     from forge_core.compiler.pipeline import _backend_stages, prepare_graph
     from forge_core.ir import weights
     from forge_core.quantization.expand import ExpandQuantize
+    from forge_core.schedules.gpu import gpu_fusion_passes
     from forge_core.targets.parsing import resolve_target
     from gpu_check import _torch_model
 
@@ -78,8 +77,7 @@ def _kernels(name: str, work: Path):
     mod = prepare_graph(weights.bind_params(ir.mod, ir.params), options, target)
     with tvm.transform.PassContext(opt_level=3), target:
         lowering = [*_backend_stages(target).library_dispatch_passes(target), ExpandQuantize, LegalLayouts,
-                    relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-                    relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
+                    *gpu_fusion_passes()]  # compile()'s GPU lowering, its dlight rules left out
         mod = tvm.transform.Sequential(lowering)(mod)
     return target, {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
 

@@ -221,13 +221,17 @@ def gpu_rules() -> list[dlight.ScheduleRule]:
     return [Declining(rule) for rule in rules]
 
 
-def gpu_legalize_passes() -> list[tvm.transform.Pass]:
-    """TVM's GPU legalization and fusion, then its dlight rules, each declining where it fails."""
+def gpu_fusion_passes() -> list[tvm.transform.Pass]:
+    """TVM's GPU legalization and fusion: the kernels as the rules see them (``benchmarks/gpu_kernels.py``)."""
     return [
         tvm.relax.transform.LegalizeOps(),
         tvm.relax.transform.AnnotateTIROpPattern(),
         tvm.relax.transform.FoldConstant(),
         tvm.relax.transform.FuseOps(),
         tvm.relax.transform.FuseTIR(),
-        dlight.ApplyDefaultSchedule(*gpu_rules()),
     ]
+
+
+def gpu_legalize_passes() -> list[tvm.transform.Pass]:
+    """TVM's GPU legalization and fusion, then its dlight rules, each declining where it fails."""
+    return [*gpu_fusion_passes(), dlight.ApplyDefaultSchedule(*gpu_rules())]
