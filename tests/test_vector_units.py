@@ -8,9 +8,9 @@ for 32 zmm registers: 16-lane "vectors" split in two ymm and tiles of up to 28 o
 * the convolution and matmul rules' vectorized loops for each class, read from the scheduled
   functions (no execution: every class on every host);
 * the AVX2 tiles (6 or 4 output channels x 2 or 3 pixel vectors; one vector of channels x 14 pixels;
-  4 x 3 and 4 x 2 matmul tiles of single registers) against onnxruntime, with and without an
-  epilogue, at odd sizes and two opt_levels, compiled for ``x86-64-v3``: AVX2 code runs on every
-  x86 CPU with AVX2, AVX-512 ones included.
+  4 x 3 and 4 x 2 matmul tiles of single registers; a weight-heavy convolution tile's reduction in
+  chunks) against onnxruntime, with and without an epilogue, at odd sizes and every opt_level,
+  compiled for ``x86-64-v3``: AVX2 code runs on every x86 CPU with AVX2, AVX-512 ones included.
 """
 
 from __future__ import annotations
@@ -108,6 +108,12 @@ CASES = {
     "conv-4-vectors-relu": (lambda: _conv(32, 64, 14, bias=True, relu=True), "Conv2dNCHW"),
     # AVX2: 3 vectors (24 channels) x 2 pixels of a 10-pixel row, 3x3 with padding, no epilogue
     "conv3x3-3-vectors": (lambda: _conv(16, 24, 10, bias=False, kernel=3), "Conv2dNCHW"),
+    # AVX2: 4 vectors x 2 pixels of a 14-pixel row, weight-heavy: 3x3 over 96 input channels (110 KB of a
+    # block's weights) in chunks of 6 channels (conv2d.weight_chunk), residual add + ReLU written per row
+    "conv3x3-chunked-residual": (lambda: _conv(96, 32, 14, bias=True, relu=True, residual=True, kernel=3),
+                                 "Conv2dNCHW"),
+    # the same tile, 1x1 over 200 input channels in 4 chunks of 50, no epilogue at all
+    "conv1x1-chunked-no-epilogue": (lambda: _conv(200, 32, 14, bias=False), "Conv2dNCHW"),
     # a transformer's dense layer: 4 rows x 3 vectors
     "matmul-4x3-bias-relu": (lambda: _dense(128, 96, 96, bias=True, relu=True), "Matmul"),
     # an attention head's width: 4 x 2, no epilogue
@@ -171,3 +177,34 @@ def test_avx2_tiles_match_onnxruntime(case, opt_level, tmp_path):
     forge.from_onnx(model).compile(target=AVX2, output_path=tmp_path / "a", opt_level=opt_level)
     (got,) = forge.Runtime(tmp_path / "a").infer(*feeds.values())
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * float(np.abs(expected).max()))
+
+
+# AVX2 tiles of more channel vectors than pixels, whose block's weights exceed 8 KB: the reduction in chunks
+# outside the row's tiles (``for rc_0, xx_0, rc_1``). A 4 x 2 tile whose weights fit (32 input channels of
+# 1x1 weights, 4 KB) keeps the whole reduction under each tile.
+CHUNKED = {"conv3x3-chunked-residual": True, "conv1x1-chunked-no-epilogue": True, "conv3x3-3-vectors": True,
+           "conv-4-vectors-relu": False, "conv-14-pixels-residual": False}
+
+
+@pytest.mark.parametrize("case", sorted(CHUNKED))
+def test_weight_heavy_avx2_tiles_reduce_in_chunks(case):
+    build, _ = CASES[case]
+    script = _scheduled(build(), AVX2)["Conv2dNCHW"]
+    chunked = re.search(r"for rc_0, xx_0, rc_1, ry, rx in T\.grid", script) is not None
+    assert chunked == CHUNKED[case], script
+
+
+def test_weight_chunks_divide_the_channels_and_skip_short_ones():
+    from forge_core.schedules.conv2d import weight_chunk
+
+    assert weight_chunk(256, 9, 32, 4) == 4  # 256 x 3x3 into 4 x 1152 bytes: 4.5 KB a chunk
+    assert weight_chunk(1024, 1, 32, 4) == 64  # 8 KB a chunk
+    assert weight_chunk(32, 1, 32, 4) is None  # 4 KB: the block's weights fit
+    assert weight_chunk(67, 1, 32, 4) is None  # prime: a chunk of one channel is one step
+    assert weight_chunk(67, 9, 32, 4) is None  # a chunk of 9 steps
+
+
+@pytest.mark.parametrize("opt_level", [0, 2])
+@pytest.mark.parametrize("case", ["conv3x3-chunked-residual", "conv1x1-chunked-no-epilogue"])
+def test_chunked_avx2_tiles_match_onnxruntime_at_other_opt_levels(case, opt_level, tmp_path):
+    test_avx2_tiles_match_onnxruntime(case, opt_level, tmp_path)
