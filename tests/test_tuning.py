@@ -211,3 +211,43 @@ def test_forge_tune_command(tmp_path):
                            str(tmp_path / "db"), "--export-metadata"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert json.loads((tmp_path / "out" / "model_metadata.json").read_text())["opt_level"] == 3
+
+
+@requires_isa("avx2", "fma", why="to measure AVX2 (x86-64-v3) candidates")
+def test_a_rule_that_rebuilds_its_function_keeps_its_schedule_through_tuning(tmp_path, caplog):
+    """PaddedPointwiseConv2dNCHW rebuilds a 1x1 convolution on a 7x7 map: its schedule's trace cannot replay on the
+    task's function, so the task is not tuned (a tuned record, measured against no default, had replaced it: 7x
+    slower), while the 3x3 convolution after it is."""
+    from onnx import TensorProto, helper, numpy_helper
+    from model_factory import make_model
+
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array((rng.standard_normal((40, 256, 1, 1)) / 16).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.standard_normal(40).astype(np.float32), "b1"),
+             numpy_helper.from_array((rng.standard_normal((16, 40, 3, 3)) / 19).astype(np.float32), "w2")]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="pointwise"),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu"),
+             helper.make_node("Conv", ["r1", "w2"], ["y"], name="conv3x3", pads=[1, 1, 1, 1])]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 256, 7, 7])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 7, 7])], inits)
+    target = "llvm -mcpu=x86-64-v3 -num-cores=2"
+    ir = forge.from_onnx(model)
+    with caplog.at_level(logging.INFO, logger="forge.tune"):
+        report = ir.tune(target, work_dir=tmp_path / "db", trials=4, time_budget=300, progress=False)
+    assert any("keep Forge's default schedule" in r.getMessage() and "fused_conv2d_add_relu" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
+    assert [task.name for task in report.tasks] == ["conv2d1"], report.tasks
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="forge.schedule"):
+        ir.compile(output_path=tmp_path / "tuned", target=target)
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("schedules:"))
+    assert "PaddedPointwiseConv2dNCHW 1" in line and "Tuned 1" in line, line
+    x = rng.standard_normal((1, 256, 7, 7)).astype(np.float32)
+    expected = onnxruntime_run(model, x)
+    np.testing.assert_allclose(forge.Runtime(tmp_path / "tuned").infer(x)[0], expected, rtol=1e-4, atol=1e-4)
+
+
+def onnxruntime_run(model, x):
+    import onnxruntime as ort
+
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]

@@ -9,7 +9,7 @@ for 32 zmm registers: 16-lane "vectors" split in two ymm and tiles of up to 28 o
   functions (no execution: every class on every host);
 * the AVX2 tiles (6 or 4 output channels x 2 or 3 pixel vectors; one vector of channels x 14 pixels;
   4 x 3 and 4 x 2 matmul tiles of single registers; a weight-heavy convolution tile's reduction in
-  chunks) against onnxruntime, with and without an epilogue, at odd sizes and every opt_level,
+  chunks; 1x1 convolutions over 7x7 and 13x13 maps on padded pixels) against onnxruntime, with and without an epilogue, at odd sizes and every opt_level,
   compiled for ``x86-64-v3``: AVX2 code runs on every x86 CPU with AVX2, AVX-512 ones included.
 """
 
@@ -114,6 +114,14 @@ CASES = {
                                  "Conv2dNCHW"),
     # the same tile, 1x1 over 200 input channels in 4 chunks of 50, no epilogue at all
     "conv1x1-chunked-no-epilogue": (lambda: _conv(200, 32, 14, bias=False), "Conv2dNCHW"),
+    # 1x1 over a 7x7 map (49 pixels, not whole vectors; a row offers Conv2dNCHW one vector x 7): the input's
+    # pixels padded to 72, 4 channels x 3 pixel vectors, bias + ReLU; 40 channels
+    "pointwise-padded-7x7-odd": (lambda: _conv(256, 40, 7, bias=True, relu=True), "PaddedPointwiseConv2dNCHW"),
+    # 13x13 (169 -> 192 pixels), 264 input channels in 4 chunks of 66, residual add; 24 channels
+    "pointwise-padded-13x13-residual-odd": (lambda: _conv(264, 24, 13, bias=True, residual=True),
+                                            "PaddedPointwiseConv2dNCHW"),
+    # 7x7, no epilogue at all: the write-back is a copy of the real pixels
+    "pointwise-padded-no-epilogue": (lambda: _conv(256, 32, 7, bias=False), "PaddedPointwiseConv2dNCHW"),
     # a transformer's dense layer: 4 rows x 3 vectors
     "matmul-4x3-bias-relu": (lambda: _dense(128, 96, 96, bias=True, relu=True), "Matmul"),
     # an attention head's width: 4 x 2, no epilogue
@@ -148,7 +156,8 @@ def test_the_rules_vectorize_by_the_class_registers(case, target):
     scripts = _scheduled(build(), target)
     if target == AVX2:
         assert rule in scripts, sorted(scripts)
-    (script,) = [text for name, text in scripts.items() if name in ("Conv2dNCHW", "PointwiseConv2dNCHW", "Matmul")]
+    (script,) = [text for name, text in scripts.items()
+                 if name in ("Conv2dNCHW", "PointwiseConv2dNCHW", "PaddedPointwiseConv2dNCHW", "Matmul")]
     # The vectorized loop of the reduction's update (the multiply-adds), not the epilogue's write-back.
     vectorized = {int(n) for n in re.findall(
         r"T\.vectorized\((?:T\.int64\()?(\d+)\)?\):\s*\n\s*with T\.sblock\(\"\w*_update\"\)", script)}
@@ -205,6 +214,27 @@ def test_weight_chunks_divide_the_channels_and_skip_short_ones():
 
 
 @pytest.mark.parametrize("opt_level", [0, 2])
-@pytest.mark.parametrize("case", ["conv3x3-chunked-residual", "conv1x1-chunked-no-epilogue"])
-def test_chunked_avx2_tiles_match_onnxruntime_at_other_opt_levels(case, opt_level, tmp_path):
+@pytest.mark.parametrize("case", ["conv3x3-chunked-residual", "conv1x1-chunked-no-epilogue",
+                                  "pointwise-padded-7x7-odd", "pointwise-padded-13x13-residual-odd"])
+def test_chunked_and_padded_avx2_tiles_match_onnxruntime_at_other_opt_levels(case, opt_level, tmp_path):
     test_avx2_tiles_match_onnxruntime(case, opt_level, tmp_path)
+
+
+@pytest.mark.parametrize("target, rule", [
+    (AVX2, "PaddedPointwiseConv2dNCHW"),
+    # 32 registers: Conv2dNCHW's two-vector tile (not measured against this rule: no AVX-512 machine then)
+    ("llvm -mcpu=znver4", "Conv2dNCHW"),
+])
+def test_padded_pointwise_rule_is_avx2s(target, rule):
+    assert rule in _scheduled(_conv(256, 40, 7, bias=True, relu=True), target)
+
+
+@pytest.mark.parametrize("build", [
+    # 14-pixel rows: Conv2dNCHW's 4 vectors x 2 pixels, its reduction in chunks, was faster
+    lambda: _conv(256, 64, 14, bias=True),
+    # few input channels: the copy and the write-back would cost more than the tile gains
+    lambda: _conv(160, 64, 7, bias=True),
+])
+def test_padded_pointwise_rule_declines_where_conv2d_is_faster(build):
+    scripts = _scheduled(build(), AVX2)
+    assert "Conv2dNCHW" in scripts and "PaddedPointwiseConv2dNCHW" not in scripts, sorted(scripts)

@@ -24,7 +24,8 @@ from forge_core.schedules.grouped_conv2d import GroupedConv2dNCHW
 from forge_core.schedules.int8 import Int8Conv2dNCHW, Int8Matmul, Int8PointwiseConv2dNCHW
 from forge_core.schedules.matmul import DynamicMatmul, Matmul
 from forge_core.schedules.plane_reduction import DynamicPlaneReduction, PlaneReduction
-from forge_core.schedules.pointwise_conv2d import DynamicPointwiseConv2dNCHW, PointwiseConv2dNCHW
+from forge_core.schedules.pointwise_conv2d import (DynamicPointwiseConv2dNCHW, PaddedPointwiseConv2dNCHW,
+                                                   PointwiseConv2dNCHW)
 from forge_core.schedules.pool import DynamicWindowPoolNCX, WindowPoolNCX
 from forge_core.schedules.reduction import DynamicRowReduction, ScalarReduction, WholeTensorReduction
 from forge_core.schedules.row_blocks import per_row_block, row_prefix
@@ -38,7 +39,8 @@ FALLBACK_RULES = ("Generic",)
 
 def default_rules() -> list[dlight.ScheduleRule]:
     """Forge's CPU rules, most specific first."""
-    return [Int8PointwiseConv2dNCHW(), Int8Conv2dNCHW(), Int8Matmul(), PointwiseConv2dNCHW(), Conv2dNCHW(),
+    return [Int8PointwiseConv2dNCHW(), Int8Conv2dNCHW(), Int8Matmul(), PointwiseConv2dNCHW(),
+            PaddedPointwiseConv2dNCHW(), Conv2dNCHW(),
             DynamicExcitationConv2dNCHW(), DynamicPointwiseConv2dNCHW(), DynamicConv2dNCHW(), FlatDepthwiseNCHW(), GroupedConv2dNCHW(),
             DynamicGroupedConv2dNCHW(), ConvTransposeNCHW(), ConvNCX(), GroupedConvNCX(), WindowPoolNCX(),
             DynamicWindowPoolNCX(), Matmul(),

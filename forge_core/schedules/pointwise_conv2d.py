@@ -17,9 +17,10 @@ from tvm.s_tir import dlight
 from tvm.sym import Analyzer
 
 from forge_core.schedules.blocks import blocks, extent, name_of, vector_unit, x_stride
-from forge_core.schedules.conv2d import PREPACK, ungrouped_conv
+from forge_core.schedules.conv2d import PREPACK, _tile_for_16_registers, ungrouped_conv
 from forge_core.schedules.dynamic_conv import clamp_last_tile, dynamic_ungrouped_conv
-from forge_core.schedules.epilogue import attach_epilogue, split_epilogue
+from forge_core.schedules.epilogue import attach_epilogue, parallel_vectorized, split_epilogue, vectorize_write_back
+from forge_core.schedules.rewrite import alloc, dtype_of, load, replace_stages, shape_of, stage
 
 # Output channels per register tile: the widest that divides the channel count.
 CHANNEL_TILES = (8, 6, 4)
@@ -175,3 +176,178 @@ def _tile_pixels(sch: s_tir.Schedule, conv: s_tir.SBlockRV, mf: int, nv: int, la
     sch.unroll(f_inner)
     sch.decompose_reduction(conv, rc)
     return p_outer
+
+
+# Accumulators a parallel task of PaddedPointwiseConv2dNCHW keeps (its output channels x the padded pixels): half
+# of L1; the input a chunk of its reduction reads (a chunk of channels x the padded pixels), in L2 (chunks of 16 KB
+# were 5-7% slower: the tile's accumulators are loaded and stored once a chunk).
+PADDED_GROUP_BYTES = 16384
+PADDED_CHUNK_BYTES = 65536
+# Fewer input channels than this keep Conv2dNCHW's tile: the copy of the input and the write-back are paid once an
+# output, the multiply-adds once an input channel (MobileNetV2's 160->960 at 7x7 took 1.07x Conv2dNCHW's time;
+# 320->1280 0.83x, 960->320 0.88x, ResNet-50's 2048->512 0.78x).
+PADDED_MIN_CHANNELS_IN = 256
+# At least this many parallel tasks (groups of output channels), where the channels allow.
+PADDED_MIN_GROUPS = 8
+
+
+class PaddedPointwiseConv2dNCHW(dlight.ScheduleRule):
+    """A 1x1 convolution over a map whose pixel count is not a whole number of vectors (14x14 and 7x7: the
+    last stages of ResNet and MobileNet), on a unit of 16 registers (AVX2).
+
+    :class:`PointwiseConv2dNCHW` needs whole vectors of pixels, so these fell to
+    :class:`~forge_core.schedules.conv2d.Conv2dNCHW`'s tile along a row of 7 or 14 pixels, at 1.6 to 2.2x
+    onnxruntime's time: a row of 7 offers one vector of channels x 7 pixels (a load per multiply-add), and
+    every row of every channel block reads the block's weights again. As onnxruntime's GEMM does, the
+    function is rebuilt (:mod:`~forge_core.schedules.rewrite`) to multiply a copy of the input whose pixel
+    axis ``y * W + x`` is padded with zeros to whole tiles (``pixels_padded``: 49 -> 72, 196 -> 216) by
+    weights repacked at compile time to ``[F/mf, C, mf]``, into a padded accumulator that the epilogue reads
+    inside the real pixels only (``conv_unpad``, inlined into it). The tile is ``mf`` channels (broadcast) x
+    ``nv`` vectors of pixels; the parallel tasks are groups of output channels, whose accumulators stay in
+    L1; the input channels run in chunks whose pixels stay in L1 while every channel tile of the group uses
+    them.
+    """
+
+    def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:  # type: ignore[override]
+        unit = vector_unit(target)
+        if unit.registers > 16:
+            return None  # measured on AVX2 only; the 32-register units keep Conv2dNCHW's two-vector tile
+        found = ungrouped_conv(func)
+        if found is None:
+            return None
+        sch, conv = found
+        n, f, y, x, rc, _, _ = sch.get_loops(conv)
+        images, channels_out, height, width, channels_in = (extent(sch, loop) for loop in (n, f, y, x, rc))
+        if not _pointwise(sch, conv, [height, width]):
+            return None
+        dtype = str(sch.get(conv).writes[0].source.dtype)
+        lanes = unit.lanes(dtype)
+        pixels = height * width
+        if pixels % lanes == 0:
+            return None  # PointwiseConv2dNCHW's
+        if channels_in < PADDED_MIN_CHANNELS_IN:
+            return None
+        if unit.vector_factor(channels_out, dtype) == lanes \
+                and _tile_for_16_registers(channels_out, width, lanes, unit.registers)[0] > lanes:
+            # Conv2dNCHW's tile holds several vectors of channels (4 x 2 on 14-pixel rows, its reduction in
+            # chunks): 1.06-1.3x faster than this one on MobileNetV2's and ResNet-50's 14x14 layers.
+            return None
+        tile = _padded_tile(channels_out, pixels, lanes, unit.registers)
+        if tile is None:
+            return None
+        mf, nv = tile
+        for block in blocks(sch):
+            if name_of(sch, block).startswith("pad_temp"):
+                sch.compute_inline(block)  # no padding: a copy
+        stmt = sch.get(conv)
+        data, weight, out = stmt.reads[0].source, stmt.reads[-1].source, stmt.writes[0].source
+        func = sch.mod["main"]
+        if not any(p.same_as(data) for p in func.params) or len(data.shape) != 4:
+            return None  # the input computed inside the function: not a plain copy
+        step = nv * lanes
+        padded = -(-pixels // step) * step
+        rebuilt = _padded_stages(func, name_of(sch, conv), data, weight, out, mf, padded, width, pixels)
+        sch = s_tir.Schedule(rebuilt)
+        acc = sch.get_sblock("acc_padded")
+        pack = sch.get_sblock("pixels_padded")
+        writer = split_epilogue(sch, acc)
+        written = sch.get(writer)
+        if len(written.iter_vars) != 4 or [int(d) for d in written.writes[0].source.shape] != shape_of(out):
+            return None  # the epilogue reshapes: Conv2dNCHW's
+        # The write-back iterates the pixel axis of the accumulator (over (y, x), the region a task writes back
+        # would be inferred from y * W + x, and wrongly).
+        sch.transform_block_layout(writer, lambda a, b, c, d: (a, b, c * width + d))
+
+        group_tiles = _group_tiles(channels_out // mf, mf * padded * 4)
+        chunk = _chunk(channels_in, padded * 4)
+        n, f, p, c = sch.get_loops(acc)
+        f_group, f_tile, f_inner = sch.split(f, [None, group_tiles, mf])
+        p_outer, p_vectors, p_lanes = sch.split(p, [None, nv, lanes])
+        c_outer, c_inner = sch.split(c, [None, chunk])
+        sch.reorder(n, f_group, c_outer, f_tile, p_outer, c_inner, f_inner, p_vectors, p_lanes)
+        sch.set_scope(acc, 0, "local")
+        tasks = sch.fuse(n, f_group)
+        sch.reverse_compute_at(writer, tasks)
+        vectorize_write_back(sch, writer)
+        sch.parallel(tasks)
+        sch.unroll(f_inner)
+        sch.unroll(p_vectors)
+        sch.vectorize(p_lanes)
+        sch.decompose_reduction(acc, c_outer)
+        parallel_vectorized(sch, pack, lanes)
+        return sch
+
+
+def _padded_tile(channels_out: int, pixels: int, lanes: int, registers: int) -> tuple[int, int] | None:
+    """``(mf, nv)`` of :class:`PaddedPointwiseConv2dNCHW`: the most multiply-adds per load (``mf`` broadcasts and
+    ``nv`` vector loads a step), times the share of the padded pixels that are real, among tiles of 8 to 12
+    accumulators that leave a register for each pixel vector and one for the broadcast."""
+    best: tuple[float, int, int] | None = None
+    for mf in CHANNEL_TILES:
+        if channels_out % mf:
+            continue
+        for nv in (1, 2, 3):
+            accumulators = mf * nv
+            if not 8 <= accumulators <= 12 or accumulators + nv + 1 > registers:
+                continue
+            step = nv * lanes
+            covered = pixels / (-(-pixels // step) * step)
+            score = (covered * accumulators / (mf + nv), mf, nv)
+            if best is None or score > best:
+                best = score
+    return None if best is None else (best[1], best[2])
+
+
+def _group_tiles(tiles: int, tile_bytes: int) -> int:
+    """Channel tiles a parallel task takes: the most whose accumulators fit :data:`PADDED_GROUP_BYTES`, dividing
+    the tiles, leaving :data:`PADDED_MIN_GROUPS` tasks where there are that many tiles."""
+    best = 1
+    for count in range(1, tiles + 1):
+        if tiles % count == 0 and count * tile_bytes <= PADDED_GROUP_BYTES \
+                and tiles // count >= min(PADDED_MIN_GROUPS, tiles):
+            best = count
+    return best
+
+
+def _chunk(channels_in: int, channel_bytes: int) -> int:
+    """Input channels a chunk of the reduction takes: the most dividing them whose padded pixels fit
+    :data:`PADDED_CHUNK_BYTES`."""
+    best = 1
+    for count in range(1, channels_in + 1):
+        if channels_in % count == 0 and count * channel_bytes <= PADDED_CHUNK_BYTES:
+            best = count
+    return best
+
+
+def _padded_stages(func: tirx.PrimFunc, conv_name: str, data, weight, out, mf: int, padded: int, width: int,
+                   pixels: int) -> tirx.PrimFunc:
+    """``func`` with its convolution replaced by the weights repacked to ``[F/mf, C, mf]`` (folded at compile
+    time), the input's pixels copied to ``[N, C, padded]`` (zeros past the real ones), their product into
+    ``acc_padded[N, F, padded]``, and a copy of the real pixels into the convolution's output."""
+    images, channels_in = shape_of(data)[:2]
+    channels_out = shape_of(weight)[0]
+    packed = alloc("weight_packed", [channels_out // mf, channels_in, mf], dtype_of(weight))
+    flat = alloc("pixels_padded", [images, channels_in, padded], dtype_of(data))
+    acc = alloc("acc_padded", [images, channels_out, padded], dtype_of(out))
+    last, row = tirx.IntImm("int64", pixels - 1), tirx.IntImm("int64", width)
+
+    def pixel(n, c, p):
+        real = tirx.min(p, last)
+        return tirx.if_then_else(p <= last, load(data, [n, c, tirx.floordiv(real, row), tirx.floormod(real, row)]),
+                                 tirx.const(0, dtype_of(data)))
+
+    def product(n, f, p, c):
+        value = load(flat, [n, c, p]).astype(dtype_of(out))
+        return value * load(packed, [tirx.floordiv(f, tirx.IntImm("int64", mf)), c,
+                                     tirx.floormod(f, tirx.IntImm("int64", mf))]).astype(dtype_of(out))
+
+    zero = tirx.IntImm("int64", 0)
+    constant = any(p.same_as(weight) for p in func.params)
+    stmts = [
+        stage("weight_packed", packed, lambda fo, c, fi: load(weight, [fo * tirx.IntImm("int64", mf) + fi, c, zero, zero]),
+              [weight], annotations={PREPACK: True} if constant else None),
+        stage("pixels_padded", flat, pixel, [data]),
+        stage("acc_padded", acc, product, [flat, packed], reduce=[channels_in]),
+        stage("conv_unpad", out, lambda n, f, y, x: load(acc, [n, f, y * row + x]), [acc]),
+    ]
+    return replace_stages(func, [conv_name], stmts, [packed, flat, acc])
