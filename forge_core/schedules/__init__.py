@@ -19,11 +19,17 @@ Rules, most specific first:
 * :class:`PointwiseConv2dNCHW`: 1x1 convolution (stride 1, no padding) on
   feature maps of whole vectors of pixels: a matrix product vectorized along
   the pixels, a register tile of up to 8 output channels by several vectors.
+* :class:`PaddedPointwiseConv2dNCHW` (16-register units, AVX2): 1x1
+  convolutions over maps whose pixels are not whole vectors and whose rows
+  are too short for Conv2dNCHW's multi-vector tile (7x7, 13x13), rebuilt
+  on a copy of the input padded to whole pixel tiles, the reduction in chunks.
 * :class:`Conv2dNCHW`: convolution (groups=1), NCHW activations, weights
   repacked at compile time to ``[F/v, C, KH, KW, v]``; a register tile of up to
   16 output pixels by one vector of output channels (1x1 kernels and rows of
-  at most 7 pixels: up to 14 pixels by two vectors); fused epilogues (bias,
-  residual add, relu, clip) write each tile back.
+  at most 7 pixels: up to 14 pixels by two vectors; AVX2: 1 to 4 vectors by
+  a run of pixels, a tile of more vectors than pixels reducing in chunks of
+  8 KB of weights); fused epilogues (bias, residual add, relu, clip) write
+  each tile back.
 * :class:`DynamicPointwiseConv2dNCHW`, :class:`DynamicConv2dNCHW` and
   :class:`DynamicGroupedConv2dNCHW`: the same tiles over a dynamic height and
   width, the last tile of a row (of the fused pixel axis, for 1x1
