@@ -238,3 +238,18 @@ def test_padded_pointwise_rule_is_avx2s(target, rule):
 def test_padded_pointwise_rule_declines_where_conv2d_is_faster(build):
     scripts = _scheduled(build(), AVX2)
     assert "Conv2dNCHW" in scripts and "PaddedPointwiseConv2dNCHW" not in scripts, sorted(scripts)
+
+
+@pytest.mark.parametrize("case", ["pointwise-padded-13x13-residual-odd", "conv3x3-chunked-residual"])
+def test_sse_16_registers_take_the_same_rules_with_onnxruntimes_numbers(case, tmp_path):
+    """SSE4.2 (``nehalem``: 4 lanes, 16 registers) is a 16-register unit too: the padded pixels (169 -> 176) and
+    the chunked reduction reach it; every x86-64 CPU runs its code."""
+    build, rule = CASES[case]
+    model = build()
+    assert rule in _scheduled(model, "llvm -mcpu=nehalem")
+    feeds = {vi.name: RNG.standard_normal([d.dim_value for d in vi.type.tensor_type.shape.dim]).astype(np.float32)
+             for vi in model.graph.input}
+    (expected,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    forge.from_onnx(model).compile(target="llvm -mcpu=nehalem", output_path=tmp_path / "a")
+    (got,) = forge.Runtime(tmp_path / "a").infer(*feeds.values())
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * float(np.abs(expected).max()))
