@@ -20,6 +20,16 @@ from forge_core.schedules.apply import RULE_ATTR, schedule_report
 RNG = np.random.default_rng(0)
 
 
+def _host_grouped_rule() -> str:
+    from forge_core.schedules.blocks import vector_unit
+    from forge_core.targets.parsing import resolve_target
+
+    return "Conv2dNCHW" if vector_unit(resolve_target("llvm")).registers <= 16 else "GroupedConv2dNCHW"
+
+
+HOST_GROUPED_RULE = _host_grouped_rule()
+
+
 def single_node(op, inputs, output_shape, weights=(), **attrs):
     """An ONNX model of one node; ``inputs`` are (name, shape) graph inputs, ``weights`` arrays."""
     inits = [numpy_helper.from_array(w.astype(np.float32), f"w{i}") for i, w in enumerate(weights)]
@@ -87,9 +97,14 @@ def compile_and_compare(model, tmp_path, caplog):
         ("conv3x3_narrow_rows", single_node("Conv", [("x", [1, 16, 7, 7])], [1, 64, 7, 7],
                                             [RNG.standard_normal((64, 16, 3, 3))], pads=[1, 1, 1, 1]),
          "Conv2dNCHW"),
-        ("grouped", single_node("Conv", [("x", [1, 32, 8, 8])], [1, 32, 8, 8],
-                                [RNG.standard_normal((32, 8, 3, 3))], pads=[1, 1, 1, 1], group=4),
+        # 4 input channels a group: too few for Conv2dNCHW's tile on any unit
+        ("grouped", single_node("Conv", [("x", [1, 16, 8, 8])], [1, 32, 8, 8],
+                                [RNG.standard_normal((32, 4, 3, 3))], pads=[1, 1, 1, 1], group=4),
          "GroupedConv2dNCHW"),
+        # 8 a group: Conv2dNCHW's tile within a group on a 16-register unit (AVX2), the grouped rule on AVX-512
+        ("grouped_8_channels_a_group", single_node("Conv", [("x", [1, 32, 8, 8])], [1, 32, 8, 8],
+                                                   [RNG.standard_normal((32, 8, 3, 3))], pads=[1, 1, 1, 1],
+                                                   group=4), HOST_GROUPED_RULE),
         ("dense", single_node("Gemm", [("x", [4, 64])], [4, 48], [RNG.standard_normal((48, 64))], transB=1),
          "Matmul"),
         ("gemv", single_node("MatMul", [("x", [1, 256])], [1, 160], [RNG.standard_normal((256, 160))]), "Matmul"),

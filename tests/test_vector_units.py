@@ -9,7 +9,8 @@ for 32 zmm registers: 16-lane "vectors" split in two ymm and tiles of up to 28 o
   functions (no execution: every class on every host);
 * the AVX2 tiles (6 or 4 output channels x 2 or 3 pixel vectors; one vector of channels x 14 pixels;
   4 x 3 and 4 x 2 matmul tiles of single registers; a weight-heavy convolution tile's reduction in
-  chunks; 1x1 convolutions over 7x7 and 13x13 maps on padded pixels) against onnxruntime, with and without an epilogue, at odd sizes and every opt_level,
+  chunks; 1x1 convolutions over 7x7 and 13x13 maps on padded pixels; grouped convolutions, a tile
+  within one group) against onnxruntime, with and without an epilogue, at odd sizes and every opt_level,
   compiled for ``x86-64-v3``: AVX2 code runs on every x86 CPU with AVX2, AVX-512 ones included.
 """
 
@@ -66,16 +67,17 @@ def _epilogue(nodes: list, steps: list[tuple[str, str | None]]) -> list:
 
 
 def _conv(cin: int, cout: int, size: int, *, bias: bool, relu: bool = False, residual: bool = False,
-          kernel: int = 1):
-    """A convolution (``kernel`` x ``kernel``, same padding) over ``size`` x ``size`` pixels, with the epilogue
-    asked for."""
-    inits = [numpy_helper.from_array(RNG.standard_normal((cout, cin, kernel, kernel)).astype(np.float32) * 0.2,
-                                     "w")]
+          kernel: int = 1, group: int = 1):
+    """A convolution (``kernel`` x ``kernel``, same padding, ``group`` groups) over ``size`` x ``size`` pixels,
+    with the epilogue asked for."""
+    inits = [numpy_helper.from_array(
+        RNG.standard_normal((cout, cin // group, kernel, kernel)).astype(np.float32) * 0.2, "w")]
     conv_inputs = ["x", "w"]
     if bias:
         inits.append(numpy_helper.from_array(RNG.standard_normal(cout).astype(np.float32), "b"))
         conv_inputs.append("b")
-    nodes = _epilogue([helper.make_node("Conv", conv_inputs, ["c"], name="conv", pads=[kernel // 2] * 4)],
+    nodes = _epilogue([helper.make_node("Conv", conv_inputs, ["c"], name="conv", pads=[kernel // 2] * 4,
+                                        group=group)],
                       [("Add", "r")] * residual + [("Relu", None)] * relu)
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, size, size])]
     if residual:
@@ -122,6 +124,12 @@ CASES = {
                                             "PaddedPointwiseConv2dNCHW"),
     # 7x7, no epilogue at all: the write-back is a copy of the real pixels
     "pointwise-padded-no-epilogue": (lambda: _conv(256, 32, 7, bias=False), "PaddedPointwiseConv2dNCHW"),
+    # ShuffleNet's grouped 1x1 convolution: 4 groups of 16 input and 20 output channels (half vectors: 4
+    # lanes), residual add + ReLU; each tile within one group
+    "grouped-half-vectors-residual": (lambda: _conv(64, 80, 14, bias=True, relu=True, residual=True, group=4),
+                                      "Conv2dNCHW"),
+    # 2 groups of 16 channels, 3x3: whole vectors, 2 x ... tiles of one group, no epilogue
+    "grouped-3x3-no-epilogue": (lambda: _conv(32, 32, 10, bias=False, kernel=3, group=2), "Conv2dNCHW"),
     # a transformer's dense layer: 4 rows x 3 vectors
     "matmul-4x3-bias-relu": (lambda: _dense(128, 96, 96, bias=True, relu=True), "Matmul"),
     # an attention head's width: 4 x 2, no epilogue
@@ -156,6 +164,10 @@ def test_the_rules_vectorize_by_the_class_registers(case, target):
     scripts = _scheduled(build(), target)
     if target == AVX2:
         assert rule in scripts, sorted(scripts)
+    elif case.startswith("grouped"):
+        # 32-register units keep GroupedConv2dNCHW for grouped convolutions (not measured there)
+        assert "GroupedConv2dNCHW" in scripts and "Conv2dNCHW" not in scripts, sorted(scripts)
+        return
     (script,) = [text for name, text in scripts.items()
                  if name in ("Conv2dNCHW", "PointwiseConv2dNCHW", "PaddedPointwiseConv2dNCHW", "Matmul")]
     # The vectorized loop of the reduction's update (the multiply-adds), not the epilogue's write-back.
@@ -165,6 +177,8 @@ def test_the_rules_vectorize_by_the_class_registers(case, target):
     # 40 or 24 channels or columns: half a zmm register, which divides them, on AVX-512.
     sixteen_divides = not (case.endswith("-odd") or case == "conv3x3-3-vectors")
     allowed = WIDTHS[target] | ({8} if not sixteen_divides and target.endswith("znver4") else set())
+    if case == "grouped-half-vectors-residual":
+        allowed = {4}  # 20 channels a group: half an AVX2 register
     if case == "matmul-gemv-5-vectors" and target != AVX2:
         # AVX-512 and NEON keep a GEMV row of 5 vectors as one wide vector (40 and 20 lanes): as measured
         # on AVX-512 before; not split into registers there (no such machine to measure it on).
@@ -215,7 +229,8 @@ def test_weight_chunks_divide_the_channels_and_skip_short_ones():
 
 @pytest.mark.parametrize("opt_level", [0, 2])
 @pytest.mark.parametrize("case", ["conv3x3-chunked-residual", "conv1x1-chunked-no-epilogue",
-                                  "pointwise-padded-7x7-odd", "pointwise-padded-13x13-residual-odd"])
+                                  "pointwise-padded-7x7-odd", "pointwise-padded-13x13-residual-odd",
+                                  "grouped-half-vectors-residual"])
 def test_chunked_and_padded_avx2_tiles_match_onnxruntime_at_other_opt_levels(case, opt_level, tmp_path):
     test_avx2_tiles_match_onnxruntime(case, opt_level, tmp_path)
 
@@ -240,10 +255,11 @@ def test_padded_pointwise_rule_declines_where_conv2d_is_faster(build):
     assert "Conv2dNCHW" in scripts and "PaddedPointwiseConv2dNCHW" not in scripts, sorted(scripts)
 
 
-@pytest.mark.parametrize("case", ["pointwise-padded-13x13-residual-odd", "conv3x3-chunked-residual"])
+@pytest.mark.parametrize("case", ["pointwise-padded-13x13-residual-odd", "conv3x3-chunked-residual",
+                                  "grouped-3x3-no-epilogue"])
 def test_sse_16_registers_take_the_same_rules_with_onnxruntimes_numbers(case, tmp_path):
-    """SSE4.2 (``nehalem``: 4 lanes, 16 registers) is a 16-register unit too: the padded pixels (169 -> 176) and
-    the chunked reduction reach it; every x86-64 CPU runs its code."""
+    """SSE4.2 (``nehalem``: 4 lanes, 16 registers) is a 16-register unit too: the padded pixels (169 -> 176), the
+    chunked reduction and grouped tiles reach it; every x86-64 CPU runs its code."""
     build, rule = CASES[case]
     model = build()
     assert rule in _scheduled(model, "llvm -mcpu=nehalem")
