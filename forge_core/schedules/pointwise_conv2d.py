@@ -12,6 +12,7 @@ and 112x112 layers of MobileNetV2 run 1.4-2x faster with this tile.
 
 from __future__ import annotations
 
+import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight
 from tvm.sym import Analyzer
@@ -192,15 +193,16 @@ PADDED_MIN_GROUPS = 8
 
 
 class PaddedPointwiseConv2dNCHW(dlight.ScheduleRule):
-    """A 1x1 convolution over a map whose pixel count is not a whole number of vectors (14x14 and 7x7: the
-    last stages of ResNet and MobileNet), on a unit of 16 registers (AVX2).
+    """A 1x1 convolution over a map whose pixel count is not a whole number of vectors and whose rows are too
+    short for Conv2dNCHW's multi-vector tile (7x7: the last stage of ResNet and MobileNet; SqueezeNet's
+    13x13), with at least :data:`PADDED_MIN_CHANNELS_IN` input channels, on a unit of 16 registers (AVX2).
 
     :class:`PointwiseConv2dNCHW` needs whole vectors of pixels, so these fell to
-    :class:`~forge_core.schedules.conv2d.Conv2dNCHW`'s tile along a row of 7 or 14 pixels, at 1.6 to 2.2x
+    :class:`~forge_core.schedules.conv2d.Conv2dNCHW`'s tile along a row of 7 pixels, at 1.6 to 2.2x
     onnxruntime's time: a row of 7 offers one vector of channels x 7 pixels (a load per multiply-add), and
     every row of every channel block reads the block's weights again. As onnxruntime's GEMM does, the
     function is rebuilt (:mod:`~forge_core.schedules.rewrite`) to multiply a copy of the input whose pixel
-    axis ``y * W + x`` is padded with zeros to whole tiles (``pixels_padded``: 49 -> 72, 196 -> 216) by
+    axis ``y * W + x`` is padded with zeros to whole tiles (``pixels_padded``: 49 -> 72, 169 -> 192) by
     weights repacked at compile time to ``[F/mf, C, mf]``, into a padded accumulator that the epilogue reads
     inside the real pixels only (``conv_unpad``, inlined into it). The tile is ``mf`` channels (broadcast) x
     ``nv`` vectors of pixels; the parallel tasks are groups of output channels, whose accumulators stay in
@@ -258,8 +260,9 @@ class PaddedPointwiseConv2dNCHW(dlight.ScheduleRule):
         # would be inferred from y * W + x, and wrongly).
         sch.transform_block_layout(writer, lambda a, b, c, d: (a, b, c * width + d))
 
-        group_tiles = _group_tiles(channels_out // mf, mf * padded * 4)
-        chunk = _chunk(channels_in, padded * 4)
+        nbytes = tvm.DataType(dtype).bits // 8
+        group_tiles = _group_tiles(channels_out // mf, mf * padded * nbytes)
+        chunk = _chunk(channels_in, padded * tvm.DataType(dtype_of(data)).bits // 8)
         n, f, p, c = sch.get_loops(acc)
         f_group, f_tile, f_inner = sch.split(f, [None, group_tiles, mf])
         p_outer, p_vectors, p_lanes = sch.split(p, [None, nv, lanes])
