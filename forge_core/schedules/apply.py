@@ -95,9 +95,10 @@ def _per_item_or_rows(func: tirx.PrimFunc, target: tvm.target.Target, rules: Seq
     return None
 
 
-def _first_rule(func: tirx.PrimFunc, target: tvm.target.Target, rules: Sequence[dlight.ScheduleRule],
-                name_hint: str) -> tirx.PrimFunc | None:
-    """``func`` scheduled by the first rule that takes it, marked with the rule's name; None if none does."""
+def first_schedule(func: tirx.PrimFunc, target: tvm.target.Target, rules: Sequence[dlight.ScheduleRule],
+                   name_hint: str = "") -> tuple[str, s_tir.Schedule] | None:
+    """The first rule of ``rules`` that takes ``func`` (a rule that raises is skipped), by name, with its
+    schedule; None if none does. Compile and tuning both choose a function's default schedule here."""
     for rule in rules:
         name = type(rule).__name__
         try:
@@ -107,10 +108,18 @@ def _first_rule(func: tirx.PrimFunc, target: tvm.target.Target, rules: Sequence[
             continue
         if sch is None:
             continue
-        if isinstance(sch, list):
-            sch = sch[0]
-        return sch.mod["main"].with_attr(SCHEDULED_ATTR, True).with_attr(RULE_ATTR, name)
+        return name, sch[0] if isinstance(sch, list) else sch
     return None
+
+
+def _first_rule(func: tirx.PrimFunc, target: tvm.target.Target, rules: Sequence[dlight.ScheduleRule],
+                name_hint: str) -> tirx.PrimFunc | None:
+    """``func`` scheduled by the first rule that takes it, marked with the rule's name; None if none does."""
+    chosen = first_schedule(func, target, rules, name_hint)
+    if chosen is None:
+        return None
+    name, sch = chosen
+    return sch.mod["main"].with_attr(SCHEDULED_ATTR, True).with_attr(RULE_ATTR, name)
 
 
 def _has_prepack(func: tirx.PrimFunc) -> bool:

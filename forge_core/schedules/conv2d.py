@@ -35,11 +35,17 @@ def ungrouped_conv(func: tirx.PrimFunc) -> tuple[s_tir.Schedule, s_tir.SBlockRV]
     if found is None:
         return None
     sch, conv = found
-    weight = sch.get(conv).reads[-1].source
-    _, f, _, _, rc, _, _ = sch.get_loops(conv)
-    if len(weight.shape) != 4 or [int(d) for d in weight.shape[:2]] != [extent(sch, f), extent(sch, rc)]:
+    if not _weight_per_loops(sch, conv):
         return None  # grouped: GroupedConv2dNCHW's
     return sch, conv
+
+
+def _weight_per_loops(sch: s_tir.Schedule, conv: s_tir.SBlockRV) -> bool:
+    """Whether the convolution's weight (its last read) is ``[F, C, KH, KW]``, F and C the extents of its
+    output-channel and reduction-channel loops (a group's channels, where it is grouped)."""
+    weight = sch.get(conv).reads[-1].source
+    _, f, _, _, rc, _, _ = sch.get_loops(conv)
+    return len(weight.shape) == 4 and [int(d) for d in weight.shape[:2]] == [extent(sch, f), extent(sch, rc)]
 
 
 def grouped_conv(func: tirx.PrimFunc) -> tuple[s_tir.Schedule, s_tir.SBlockRV, int] | None:
@@ -50,12 +56,10 @@ def grouped_conv(func: tirx.PrimFunc) -> tuple[s_tir.Schedule, s_tir.SBlockRV, i
     if found is None:
         return None
     sch, conv = found
-    stmt = sch.get(conv)
-    weight, data = stmt.reads[-1].source, stmt.reads[0].source
-    _, f, _, _, rc, _, _ = sch.get_loops(conv)
-    if len(weight.shape) != 4 or len(data.shape) != 4 \
-            or [int(d) for d in weight.shape[:2]] != [extent(sch, f), extent(sch, rc)]:
+    data = sch.get(conv).reads[0].source
+    if len(data.shape) != 4 or not _weight_per_loops(sch, conv):
         return None
+    _, f, _, _, rc, _, _ = sch.get_loops(conv)
     channels_in, per_group = int(data.shape[1]), extent(sch, rc)
     if per_group < MIN_GROUP_CHANNELS or channels_in % per_group or channels_in == per_group:
         return None

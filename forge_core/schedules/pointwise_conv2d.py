@@ -17,7 +17,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight
 from tvm.sym import Analyzer
 
-from forge_core.schedules.blocks import blocks, extent, name_of, vector_unit, x_stride
+from forge_core.schedules.blocks import blocks, extent, largest_divisor, name_of, vector_unit, x_stride
 from forge_core.schedules.conv2d import PREPACK, _tile_for_16_registers, ungrouped_conv
 from forge_core.schedules.dynamic_conv import clamp_last_tile, dynamic_ungrouped_conv
 from forge_core.schedules.epilogue import attach_epilogue, parallel_vectorized, split_epilogue, vectorize_write_back
@@ -304,22 +304,13 @@ def _padded_tile(channels_out: int, pixels: int, lanes: int, registers: int) -> 
 def _group_tiles(tiles: int, tile_bytes: int) -> int:
     """Channel tiles a parallel task takes: the most whose accumulators fit :data:`PADDED_GROUP_BYTES`, dividing
     the tiles, leaving :data:`PADDED_MIN_GROUPS` tasks where there are that many tiles."""
-    best = 1
-    for count in range(1, tiles + 1):
-        if tiles % count == 0 and count * tile_bytes <= PADDED_GROUP_BYTES \
-                and tiles // count >= min(PADDED_MIN_GROUPS, tiles):
-            best = count
-    return best
+    return largest_divisor(tiles, max(1, min(PADDED_GROUP_BYTES // tile_bytes, tiles // min(PADDED_MIN_GROUPS, tiles))))
 
 
 def _chunk(channels_in: int, channel_bytes: int) -> int:
     """Input channels a chunk of the reduction takes: the most dividing them whose padded pixels fit
     :data:`PADDED_CHUNK_BYTES`."""
-    best = 1
-    for count in range(1, channels_in + 1):
-        if channels_in % count == 0 and count * channel_bytes <= PADDED_CHUNK_BYTES:
-            best = count
-    return best
+    return largest_divisor(channels_in, max(1, PADDED_CHUNK_BYTES // channel_bytes))
 
 
 def _padded_stages(func: tirx.PrimFunc, conv_name: str, data, weight, out, mf: int, padded: int, width: int,

@@ -28,7 +28,7 @@ from forge_core.compiler.options import CompileOptions
 from forge_core.compiler.pipeline import lower_to_tir, prepare_graph
 from forge_core.errors import ForgeError, OptionError
 from forge_core.ir import weights
-from forge_core.schedules.apply import SCHEDULED_ATTR, default_rules
+from forge_core.schedules.apply import SCHEDULED_ATTR, default_rules, first_schedule
 from forge_core.schedules.blocks import is_static
 from forge_core.runtime.cpu_features import host_cpu_model, host_machine, missing_features
 from forge_core.targets.isa import required_cpu_features
@@ -166,52 +166,42 @@ def _run_secs(result: Any) -> float | None:
     return sum(secs) / len(secs) if secs and result.error_msg is None else None
 
 
-def _default_replays(func: tirx.PrimFunc, target: tvm.target.Target) -> bool:
-    """Whether Forge's default schedule of ``func`` is its schedule's trace replayed on ``func`` (True also when no
-    rule takes it).
+def _replays(func: tirx.PrimFunc, sch: s_tir.Schedule) -> bool:
+    """Whether ``sch``'s trace, replayed on ``func``, gives ``sch``'s function.
 
     A rule that rebuilds the function (padded pixels or channels, a transposed convolution's gather) returns a
     schedule of the rebuilt function: its trace, committed as the default's record, replays on the task's
     function to something else, and a tuned record measured against nothing replaced the default at compile
-    (a 1x1 convolution on a 7x7 map took 7.4 ms tuned, 1.1 ms by its rule). Such tasks are not tuned.
+    (a 1x1 convolution on a 7x7 map took 7.4 ms tuned, 1.1 ms by its rule).
     """
-    with target:
-        for rule in default_rules():
-            try:
-                sch = rule.apply(func, target, False)
-            except Exception:  # noqa: BLE001 - as in compile: a failing rule is skipped
-                continue
-            if sch is None:
-                continue
-            if isinstance(sch, list):
-                sch = sch[0]
-            replayed = s_tir.Schedule(func)
-            try:
-                sch.trace.apply_to_schedule(replayed, remove_postproc=False)
-            except Exception:  # noqa: BLE001 - the trace names blocks the function does not have
-                return False
-            return bool(tvm_ffi.structural_equal(replayed.mod["main"], sch.mod["main"]))
-    return True
+    replayed = s_tir.Schedule(func)
+    try:
+        sch.trace.apply_to_schedule(replayed, remove_postproc=False)
+    except Exception:  # noqa: BLE001 - the trace names blocks the function does not have
+        return False
+    return bool(tvm_ffi.structural_equal(replayed.mod["main"], sch.mod["main"]))
 
 
 def _seed_defaults(tasks: list[Any], target: tvm.target.Target, database: Any, builder: Any,
-                   runner: Any) -> dict[str, float]:
-    """Measure Forge's default schedule of each task and commit it to ``database``."""
+                   runner: Any) -> tuple[dict[str, float], list[str]]:
+    """Measure Forge's default schedule of each task and commit it to ``database``: the milliseconds of each
+    task measured, and the tasks whose default cannot be a record (its trace does not replay, see
+    :func:`_replays`), which are not to be tuned."""
     rules = default_rules()
-    schedules, inputs, names = [], [], []
+    schedules, inputs, names, rebuilt = [], [], [], []
     with target:
         for task in tasks:
             func = task.dispatched[0]["main"]
-            for rule in rules:
-                try:
-                    sch = rule.apply(func, target, False)
-                except Exception:  # noqa: BLE001 - as in compile: a failing rule is skipped
-                    continue
-                if sch is not None:
-                    schedules.append(sch)
-                    names.append(task.task_name)
-                    inputs.append(ms.builder.BuilderInput(sch.mod, target))
-                    break
+            chosen = first_schedule(func, target, rules, task.task_name)
+            if chosen is None:
+                continue
+            sch = chosen[1]
+            if not _replays(func, sch):
+                rebuilt.append(task.task_name)
+                continue
+            schedules.append(sch)
+            names.append(task.task_name)
+            inputs.append(ms.builder.BuilderInput(sch.mod, target))
     built = builder.build(inputs) if inputs else []
     measured: dict[str, float] = {}
     runner_inputs, ready = [], []
@@ -230,7 +220,7 @@ def _seed_defaults(tasks: list[Any], target: tvm.target.Target, database: Any, b
             ms.database.TuningRecord(sch.trace, workload, [secs], target, args_info)
         )
         measured[name] = secs * 1000
-    return measured
+    return measured, rebuilt
 
 
 def search_strategy(trials_per_task: int) -> Any:
@@ -400,18 +390,17 @@ def _tune_into(ir: ModuleParts, tvm_target: tvm.target.Target, directory: Path, 
     # A function its emitter already scheduled (tirx.is_scheduled: a hand-written kernel) is not a task.
     extracted = [t for t in ms.relax_integration.extract_tasks(mod, tvm_target)
                  if SCHEDULED_ATTR not in (t.dispatched[0]["main"].attrs or {}) and is_static(t.dispatched[0]["main"])]
-    kept = [t for t in extracted if not _default_replays(t.dispatched[0]["main"], tvm_target)]
-    if kept:
-        logger.info("%d tasks keep Forge's default schedule (its rule rebuilds the function, which a MetaSchedule "
-                    "trace cannot express): %s", len(kept), ", ".join(t.task_name for t in kept))
-        extracted = [t for t in extracted if not any(t is k for k in kept)]
-    logger.info("%d tunable tasks", len(extracted))
 
     builder = make_builder(tvm_target, scratch, remote is not None)
     runner = make_runner(remote, workers)
     if progress is not None:
         progress(0, trials, "measuring the default schedules")
-    defaults = _seed_defaults(extracted, tvm_target, database, builder, runner)
+    defaults, kept = _seed_defaults(extracted, tvm_target, database, builder, runner)
+    if kept:
+        logger.info("%d tasks keep Forge's default schedule (its rule rebuilds the function, which a MetaSchedule "
+                    "trace cannot express): %s", len(kept), ", ".join(kept))
+        extracted = [t for t in extracted if t.task_name not in kept]
+    logger.info("%d tunable tasks", len(extracted))
 
     callback = _BudgetAndProgress(started + time_budget if time_budget else None, trials, progress)
     if trials > 0 and extracted:
