@@ -19,8 +19,8 @@
   with ``tf.lite.Interpreter``'s builtin kernels (quantized outputs within one
   step, see :func:`_interpreter`; shapes and types only where a mutation made
   NaN flow through a max or a ReLU); a model the interpreter rejects must not
-  load, and one it cannot run must not run in Forge either (but for an index
-  out of range, which Forge clamps). The interpreter runs each model at the
+  load, and one it cannot run must not run in Forge either (an index out of
+  range included: Forge refuses it when the model runs). The interpreter runs each model at the
   operator versions of its base (Forge does not read versions).
 * ``torch``: modules that fail to export or are awkward to: data-dependent
   control flow and ``.item()``, ``nonzero``-driven shapes, ops without a
@@ -629,9 +629,6 @@ def _run_tflite(case: Case) -> str | None:
     except Exception as exc:  # noqa: BLE001 - the interpreter's verdict, whatever its type
         _note_phase("forge")
         ir.get_inference_function()(*arrays)
-        if "index out of bounds" in str(exc):
-            # An index computed at run time out of range: TFLite raises, Forge clamps it (from_tflite's docs).
-            return None
         # TFLite checks at run time what only the inputs' sizes decide (a reshape of a dynamic batch): Forge
         # must not compute numbers either.
         return f"Forge ran a model TFLite's interpreter cannot run: {type(exc).__name__}: {str(exc)[:300]}"

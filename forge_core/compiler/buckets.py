@@ -25,6 +25,7 @@ from typing import Any
 import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
+from tvm.relax.utils import copy_with_new_vars
 from tvm.sym import Analyzer
 
 from forge_core.errors import OptionError
@@ -207,7 +208,9 @@ def add_buckets(mod: tvm.IRModule, specs: Sequence[TensorSpec], buckets: Any) ->
     for index, (values, shapes) in enumerate(bindings):
         name = BUCKET_FUNCTION.format(index=index)
         rewriter = _StaticKernels(updated)
-        bound = main.bind_symbolic_vars(typed_values(values))
+        # Fresh variables: a copy sharing main's (a run-time check's among them) was refused by fusion ("The
+        # object lv8 appears at multiple definition sites").
+        bound = copy_with_new_vars(main.bind_symbolic_vars(typed_values(values)))
         body = rewriter.visit_expr(bound.body)
         updated = rewriter.builder_.get()
         updated[name] = relax.Function(bound.params, body, bound.ret_ty, bound.is_pure, bound.attrs,

@@ -28,6 +28,7 @@ import tvm
 from tvm import relax
 
 from forge_core.compiler.c_names import plain_names
+from forge_core.compiler.run_checks import portable_run_checks
 from forge_core.compiler.options import CompileOptions
 from forge_core.compiler.legal_layouts import LegalLayouts
 from forge_core import passes as forge_passes  # forge_passes.PassContext: a plugin pass's; tvm.transform.PassContext: TVM's
@@ -198,6 +199,7 @@ def build(mod: tvm.IRModule, target: tvm.target.Target, opt_level: int, *,
     with tvm.transform.PassContext(opt_level=opt_level):
         pipeline = build_pipeline(target, opt_level, tuning_database=tuning_database, schedules=schedules)
         take_failure()
+        mod = portable_run_checks(mod)
         try:
             return tvm.compile(mod, target=target, relax_pipeline=pipeline, tir_pipeline=tir_pipeline())
         except Exception:

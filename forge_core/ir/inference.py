@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import tvm
 
+from forge_core.compiler.run_checks import portable_run_checks
 from forge_core.errors import ForgeError
 from forge_core.runtime.outputs import outputs_to_numpy, to_device
 from forge_core.runtime.signature import TensorSpec, check_inputs, explained_run_errors
@@ -94,7 +95,7 @@ def build_inference_function(mod: tvm.IRModule | Any, target: tvm.target.Target,
         )
     if isinstance(mod, tvm.IRModule):
         logger.debug("building inference function for %s", target)
-        mod = prepare(mod)
+        mod = portable_run_checks(prepare(mod))
         if target.kind.name == "llvm" and reference_order:
             mod = tvm.compile(mod, target=target, relax_pipeline=reference_pipeline(target))
         else:

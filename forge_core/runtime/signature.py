@@ -183,7 +183,7 @@ def run_error(specs: Sequence[TensorSpec], arrays: Sequence[np.ndarray], error: 
     given = ", ".join(f"{spec.name}: {format_shape(value.shape)}" for spec, value in zip(specs, arrays))
     if RUN_TIME_CHECK in text:
         check = text[text.index(RUN_TIME_CHECK) + len(RUN_TIME_CHECK):].strip().splitlines()[0]
-        return InputError(f"The model cannot run at these input sizes ({given}): {check}")
+        return InputError(f"The model cannot run on these inputs ({given}): {check}")
     # A kernel's own argument check ("Mismatched x.shape[0] on argument #1 when calling: ..., expected to match
     # a.shape[0]") where the check before it was folded away: the same disagreement, caught one call later.
     kernel_check = text.lstrip().startswith("Mismatched ") and "expected to match" in text

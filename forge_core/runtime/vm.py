@@ -19,6 +19,8 @@ from forge_core.tvm_import import load_tvm_runtime
 
 load_tvm_runtime()
 
+from forge_core.runtime import run_checks  # noqa: E402,F401 - registers the function compiled checks call
+
 CPU = 1  # DLPack device type
 _POOLED_ALLOCATOR = 2  # TVM's VirtualMachine.POOLED_ALLOCATOR
 _RPC_SESSION_MASK = 128  # device types of a remote session carry this bit

@@ -28,6 +28,7 @@ from forge_core.errors import (
     ForgeError, InvalidModelError, ModelImportError, OperatorConversionError, UnsupportedOperatorError,
 )
 from forge_core.ir.loops import INT64_MAX, LoopSpec, build_loop
+from forge_core.ir.index_checks import emit_index_check
 from forge_tf.console import captured_output
 from forge_tf.custom_ops import PluginConverterError, TFLiteConverterContext, call_plugin_converter, plugin_converters
 from forge_tf.hybrid import FloatView, dequantized, hybrid_weights
@@ -433,7 +434,7 @@ class ForgeOperatorConverter(SymbolicShapes, OperatorConverter):
                     result = convert(op=op)
                 if result is None:
                     return None
-                result = _bounded_take(result)
+                result = _checked_take(self.bb, result, self._op_label(code, op))
                 # Type inference runs here, so that an op whose types or shapes do not fit (a corrupt model,
                 # a dtype_dict the graph cannot take) is named like any other failure.
                 result = self._declared_dims(op, self.bb.normalize(result))
@@ -454,6 +455,11 @@ class ForgeOperatorConverter(SymbolicShapes, OperatorConverter):
                 raise self._conversion_error(code, op, described_assertion(exc)) from exc
 
         return call
+
+    def _op_label(self, code: str, op: Any) -> str:
+        """``op`` in a message: its code and its first output tensor's name."""
+        output = int(op.Outputs(0)) if op.OutputsLength() else -1
+        return f"{code} {tensor_name(self.subgraph, output)!r}" if output >= 0 else code
 
     def _conversion_error(self, code: str, op: Any, cause: BaseException) -> OperatorConversionError:
         """``cause`` as the failure of ``op``, named by its first output tensor."""
@@ -492,18 +498,34 @@ def _known_elements(bb: relax.BlockBuilder, expr: Any, length: int) -> list[int 
     return unknown
 
 
-def _bounded_take(result: Any) -> Any:
-    """A GATHER's or EMBEDDING_LOOKUP's ``take`` of indices known only at run time, clamping them.
+def _checked_take(bb: relax.BlockBuilder, result: Any, what: str) -> Any:
+    """A GATHER's or EMBEDDING_LOOKUP's ``take`` of indices known only at run time, with a run-time check.
 
     TVM's converters ask for mode "fast", which reads outside the tensor for an index out of range (a crash,
-    or numbers from other memory), where TFLite raises. Clamped, an index out of range gives the first or last
-    slice; constant indices are checked by the converter at import.
+    or numbers from other memory), where TFLite raises ("gather index out of bounds"). Forge had clamped such
+    an index (the first or last slice: a wrong number without a word); it now refuses the run as the
+    interpreter does: the count of indices outside ``[0, n)``, ``n`` the extent of the axis taken, must be 0
+    (:data:`~forge_core.runtime.signature.RUN_TIME_CHECK`, raised as ``InputError``). Constant indices are
+    checked by the converter at import. ``what`` names the operator in the message.
     """
     if not isinstance(result, relax.Call) or not isinstance(result.op, tvm.ir.Op) or result.op.name != "relax.take" \
             or str(result.attrs.mode) != "fast" or isinstance(result.args[1], tvm.ir.GenericConst):
         return result
+    data, indices = result.args
     axis = result.attrs.axis
-    return relax.op.take(result.args[0], result.args[1], axis=None if axis is None else int(axis), mode="clip")
+    ty = bb.normalize(data).ty
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return result
+    dims = list(ty.shape.values)
+    if axis is None:  # the flattened tensor's elements
+        extent = functools.reduce(operator.mul, dims) if dims else tirx.IntImm("int64", 1)
+    else:
+        axis = int(axis) + len(dims) if int(axis) < 0 else int(axis)
+        if not 0 <= axis < len(dims):
+            return result  # Relax's type inference refuses the take itself
+        extent = dims[axis]
+    emit_index_check(bb, indices, [extent], label=what, where="the axis it takes", reference="TFLite's interpreter")
+    return result
 
 
 _COMPARISONS = frozenset({"relax.less", "relax.less_equal", "relax.greater", "relax.greater_equal", "relax.equal",

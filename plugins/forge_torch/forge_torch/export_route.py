@@ -16,6 +16,7 @@ from tvm import relax
 from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
 
 from forge_core.errors import ForgeError, ModelImportError, OperatorConversionError, UnsupportedOperatorError
+from forge_core.ir.index_checks import check_takes
 
 
 def _named(op: str, convert: Callable[..., Any]) -> Callable[..., Any]:
@@ -36,9 +37,39 @@ class _Importer(ExportedProgramImporter):
     def __init__(self) -> None:
         super().__init__()
         self.convert_map = {op: _named(op, fn) for op, fn in self.convert_map.items()}
+        self.convert_map["index.Tensor"] = _named("index.Tensor", self._index_from_the_end)
 
     def update_convert_map(self, custom_convert_map: dict[str, Callable[..., Any]]) -> None:
         super().update_convert_map({op: _named(op, fn) for op, fn in custom_convert_map.items()})
+
+    def _index_from_the_end(self, node: torch.fx.Node) -> relax.Var:
+        """``x[idx]`` with Python's negative indices: TVM's converter takes them as they are, and ``take`` read
+        before the data (``t[[-1]]`` gave numbers from other memory). Each index tensor becomes
+        ``where(idx < 0, idx + n, idx)``, ``n`` the extent of its axis, before TVM's conversion; an index then
+        still outside ``[0, n)`` is refused when the model runs (:func:`~forge_core.ir.index_checks.check_takes`).
+        """
+        data, indices = node.args[0], node.args[1]
+        extents = self.shape_of(self.env[data])
+        saved = {}
+        for axis, index in enumerate(indices):
+            if not isinstance(index, torch.fx.Node) or index in saved:
+                continue
+            value = self.env[index]
+            if not isinstance(value.ty, relax.TensorType) or value.ty.dtype.dtype.startswith(("uint", "bool")) \
+                    or not isinstance(value.ty.shape, relax.ShapeExpr) or axis >= len(extents) \
+                    or not isinstance(extents[axis], tvm.tirx.IntImm):
+                # A dynamic extent: the normalization's kernel did not build in TVM 0.27 (RenewDefs: a variable
+                # defined twice, DistilBERT with a dynamic batch); such an index is taken as TVM takes it.
+                continue
+            bound = self.block_builder.emit(relax.op.astype(relax.op.reshape(
+                relax.op.shape_to_tensor(relax.ShapeExpr([extents[axis]])), []), value.ty.dtype.dtype))
+            saved[index] = value
+            self.env[index] = self.block_builder.emit(relax.op.where(
+                relax.op.less(value, relax.const(0, value.ty.dtype.dtype)), relax.op.add(value, bound), value))
+        try:
+            return self._index_tensor(node)
+        finally:
+            self.env.update(saved)
 
 
 def _call_nodes(ep: torch.export.ExportedProgram) -> list[torch.fx.Node]:
@@ -83,7 +114,7 @@ def import_exported_program(
         raise ModelImportError(f"TVM's exported-program importer failed: {type(exc).__name__}: {exc}") from exc
     mod = _slices_within_bounds(mod)
     _check_shapes_known(mod)
-    return mod
+    return check_takes(mod, "PyTorch")
 
 
 def _slices_within_bounds(mod: tvm.IRModule) -> tvm.IRModule:

@@ -10,6 +10,7 @@ from forge_onnx.converters import (
     activations,
     attention,
     elementwise,
+    indexing,
     losses,
     microsoft,
     microsoft_bert,
@@ -27,7 +28,7 @@ from forge_onnx.converters import (
 )
 
 MODULES = (
-    activations, attention, elementwise, losses, normalization, quantized, ranges, recurrent, reductions, resize,
+    activations, attention, elementwise, indexing, losses, normalization, quantized, ranges, recurrent, reductions, resize,
     sequences, shapes, signal, unique,
 )
 

@@ -1,0 +1,49 @@
+"""The model's run-time checks as calls of Forge's runtime, so that they run without TVM's compiler.
+
+Relax's ``assert_op`` becomes a VM call of ``relax.run.assert_op``, a global function that TVM registers in
+Python (``tvm.relax``): in Forge's light runtime, which loads TVM's runtime library alone, an artifact holding
+a check (an index range, a size computed from the inputs) failed to run. Each ``assert_op`` is rewritten, with
+the same arguments, into a call of :data:`forge_core.runtime.run_checks.ASSERT_FUNCTION`, which the runtime
+registers (and which behaves as TVM's).
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+from forge_core.runtime.run_checks import ASSERT_FUNCTION
+
+
+@relax.expr_functor.mutator
+class _PortableAsserts(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule) -> None:
+        super().__init__(mod)
+        self.assert_op = tvm.ir.Op.get("relax.assert_op")
+        self.changed = False
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: D102 - ExprMutator's hook
+        call = super().visit_call_(call)
+        if isinstance(call, relax.Call) and call.op.same_as(self.assert_op):
+            self.changed = True
+            return relax.Call(relax.ExternFunc(ASSERT_FUNCTION), list(call.args), None, [relax.TupleType([])],
+                              span=call.span)
+        return call
+
+
+def portable_run_checks(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with every ``relax.assert_op`` a call of Forge's runtime function (``mod`` itself when none)."""
+    rewritten = {}
+    for gv, func in mod.functions.items():
+        if not isinstance(func, relax.Function):
+            continue
+        mutator = _PortableAsserts(mod)
+        body = mutator.visit_expr(func)
+        if mutator.changed:
+            rewritten[gv] = body
+    if not rewritten:
+        return mod
+    updated = mod.clone() if hasattr(mod, "clone") else tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+    for gv, func in rewritten.items():
+        updated[gv] = func
+    return updated

@@ -1,0 +1,108 @@
+"""A run-time range check before every ``take`` of indices computed at run time, for importers that write
+lookups as Relax's ``take`` (the torch route: ``nn.Embedding``, ``index_select``).
+
+TVM's ``take`` in "fast" mode reads wherever an index points: a token id past an embedding table gave numbers
+from other memory, where PyTorch raises "index out of range in self". A frontend that converts such lookups
+runs :func:`check_takes` on its module: each ``take`` whose indices are not a constant gets a check, made when
+the model runs, that they lie in ``[0, n)`` (``n`` the extent of the axis taken; a frontend that allows
+negative indices has normalized them before its ``take``), raised as ``forge.InputError`` by the runtime
+(:data:`~forge_core.runtime.signature.RUN_TIME_CHECK`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tvm
+from tvm import relax, tirx
+
+from forge_core.runtime.signature import RUN_TIME_CHECK
+
+
+def emit_index_check(bb: relax.BlockBuilder, indices: relax.Expr, extents: list[Any], *, label: str, where: str,
+                     reference: str, negative: bool = False, branch: relax.Expr | None = None) -> None:
+    """Emit the run-time check that every element of ``indices`` lies in ``[0, n)`` (``negative``: in
+    ``[-n, n)``), ``n`` its extent.
+
+    ``extents`` holds one dim (the indexed axis's, for every index) or one per coordinate (the last axis of
+    ``indices``: GatherND, ScatterND). The message reads ``{label}: {count} of its indices lie outside
+    {limits}, the extent of {where} ({reference} refuses such indices too)``. ``branch``: a bool scalar, the
+    check holds only where it is true (an ``If`` branch's bindings run whichever branch is taken).
+    """
+    as_int = bb.emit(relax.op.astype(indices, "int64"))
+    bound = bb.emit(relax.op.shape_to_tensor(relax.ShapeExpr(extents)))  # int64 [len(extents)]
+    if len(extents) == 1:
+        bound = bb.emit(relax.op.reshape(bound, []))
+    low = relax.op.negative(bound) if negative else relax.const(0, "int64")
+    outside = relax.op.logical_or(relax.op.less(as_int, low), relax.op.greater_equal(as_int, bound))
+    count = bb.emit(relax.op.sum(relax.op.astype(outside, "int64")))
+    fine = bb.emit(relax.op.equal(count, relax.const(0, "int64")))
+    if branch is not None:
+        fine = bb.emit(relax.op.logical_or(relax.op.logical_not(branch), fine))
+    static = [int(d.value) for d in extents] if all(isinstance(d, tirx.IntImm) for d in extents) else None
+    form = "[-n, n-1]" if negative else "[0, n-1]"
+    if static is not None and len(static) == 1:
+        limits, args = (f"[{-static[0]}, {static[0] - 1}]" if negative else f"[0, {static[0] - 1}]"), [count]
+    elif static is not None:
+        limits, args = f"{form} of n = {static}", [count]
+    else:
+        limits, args = f"{form} of n = {{}}", [count, bound]
+    bb.emit(relax.op.assert_op(fine, args, f"{RUN_TIME_CHECK}{label}: {{}} of its indices lie outside {limits}, "
+                                           f"the extent of {where} ({reference} refuses such indices too)"))
+
+
+@relax.expr_functor.mutator
+class _CheckTakes(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, framework: str) -> None:
+        super().__init__(mod)
+        self.take = tvm.ir.Op.get("relax.take")
+        self.framework = framework
+        self.count = 0
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: D102 - ExprMutator's hook
+        call = super().visit_call_(call)
+        if not isinstance(call, relax.Call) or not call.op.same_as(self.take) or str(call.attrs.mode) != "fast":
+            return call
+        data, indices = call.args
+        if isinstance(indices, tvm.ir.GenericConst):
+            return call
+        ty = data.ty
+        if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+            return call
+        dims = list(ty.shape.values)
+        if call.attrs.axis is None:
+            extent = tirx.IntImm("int64", 1)
+            for dim in dims:
+                extent = extent * dim
+            where = "the flattened tensor"
+        else:
+            axis = int(call.attrs.axis)
+            axis = axis + len(dims) if axis < 0 else axis
+            if not 0 <= axis < len(dims):
+                return call
+            extent, where = dims[axis], f"axis {axis}"
+        shape = "(" + ", ".join(str(int(d.value)) if isinstance(d, tirx.IntImm) else str(d) for d in dims) + ")"
+        emit_index_check(self.builder_, indices, [extent], label=f"a lookup (take) into a tensor of shape {shape}",
+                         where=where, reference=self.framework)
+        self.count += 1
+        return call
+
+
+def check_takes(mod: tvm.IRModule, framework: str) -> tvm.IRModule:
+    """``mod`` with a run-time range check before each ``take`` of indices that are not constants.
+
+    ``framework`` names the reference in the message (``"PyTorch"``).
+    """
+    updated = mod
+    for gv, func in mod.functions.items():
+        if not isinstance(func, relax.Function):
+            continue
+        mutator = _CheckTakes(mod, framework)
+        body = mutator.visit_expr(func)
+        if mutator.count:
+            if updated is mod:
+                updated = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+            # A check is an impure call: the function (an importer may have declared it pure) no longer is.
+            updated[gv] = relax.Function(body.params, body.body, body.ret_ty, is_pure=False, attrs=body.attrs,
+                                         span=body.span)
+    return updated

@@ -1,0 +1,55 @@
+"""The run-time checks a compiled model makes (an index in range, a size it can compute at), as a function of
+Forge's runtime.
+
+A converter writes a check as Relax's ``assert_op`` (its message begins with
+:data:`~forge_core.runtime.signature.RUN_TIME_CHECK`). TVM's VM calls the global function
+``relax.run.assert_op`` for it, which TVM registers in Python, in ``tvm.relax``: a process with TVM's runtime
+library alone (Forge's light runtime, a board) has no such function, and an artifact holding a check failed
+to run at all ("Cannot find ffi::Function relax.run.assert_op"). The compiler therefore writes each check as a
+call of :data:`ASSERT_FUNCTION`, which this module registers wherever Forge's runtime is imported.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import tvm_ffi
+
+ASSERT_FUNCTION = "forge.run.assert_op"
+"""The global function a compiled check calls: ``(condition, format, *values)``, as ``relax.run.assert_op``."""
+
+
+def _render(value: Any) -> str:
+    """A check's value in its message: a tensor's numbers (a scalar as one number), a shape as a tuple."""
+    if isinstance(value, tvm_ffi.Shape):
+        return str(tuple(int(d) for d in value))
+    if hasattr(value, "__dlpack__"):
+        try:
+            return str(np.from_dlpack(value))
+        except (TypeError, RuntimeError, BufferError):  # on a device numpy cannot read
+            return str(value)
+    return str(value)
+
+
+def _condition(value: Any) -> bool:
+    if isinstance(value, (bool, int, np.bool_)):
+        return bool(value)
+    array = np.from_dlpack(value)
+    if array.dtype != np.bool_ or array.shape != ():
+        raise ValueError(f"a run-time check's condition must be a bool scalar, given {array.dtype} {array.shape}")
+    return bool(array)
+
+
+def assert_op(condition: Any, format_string: str, *values: Any) -> None:
+    """Raise ``AssertionError`` with the formatted message unless ``condition`` holds."""
+    if _condition(condition):
+        return
+    rendered = [_render(v) for v in values]
+    if format_string:
+        raise AssertionError(str(format_string).format(*rendered))
+    raise AssertionError(", ".join(rendered) or "Assertion Failed")
+
+
+if tvm_ffi.get_global_func(ASSERT_FUNCTION, allow_missing=True) is None:
+    tvm_ffi.register_global_func(ASSERT_FUNCTION, assert_op)
