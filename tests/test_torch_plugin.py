@@ -198,3 +198,22 @@ def test_compiled_torch_model_runs_in_the_runtime(tmp_path):
     forge.from_torch(model, [("input0", (1, 3, 32, 32))]).compile(output_path=tmp_path / "m")
     (y,) = forge.Runtime(tmp_path / "m").infer(x.numpy())
     assert_close(y, reference(model, x))
+
+
+def test_an_integer_clamp_with_one_bound_loads_and_clamps():
+    """``ids.clamp(min=0)`` and ``ids.clamp(max=...)`` of an int64 tensor: TVM's converter wrote the absent bound
+    as infinity and the import failed ("Cannot convert infinity to BigInt"); a float clamp keeps its bounds."""
+
+    class Clamps(torch.nn.Module):
+        def forward(self, ids: torch.Tensor, x: torch.Tensor):
+            return ids.clamp(min=0) * 3 + ids.clamp(max=5), x.clamp(min=-0.5), ids.to(torch.int32).clamp(2, 7)
+
+    module = Clamps().eval()
+    ids = torch.tensor([[-9, -1, 0, 3, 6, 2 ** 40]], dtype=torch.int64)
+    x = torch.randn(1, 6, generator=torch.Generator().manual_seed(2))
+    ir = forge.from_torch(module, [("ids", ((1, 6), "int64")), ("x", ((1, 6), "float32"))])
+    got = ir.get_inference_function()(ids.numpy(), x.numpy())
+    want = reference(module, ids, x)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype
+        np.testing.assert_array_equal(g, w)

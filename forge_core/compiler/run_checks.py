@@ -47,3 +47,62 @@ def portable_run_checks(mod: tvm.IRModule) -> tvm.IRModule:
     for gv, func in rewritten.items():
         updated[gv] = func
     return updated
+
+
+_PLACEHOLDER = "forge.run.assert_op_placeholder"
+
+
+@relax.expr_functor.mutator
+class _Messages(relax.PyExprMutator):
+    """Each check's message out (a numbered placeholder call) or back in (``relax.assert_op``)."""
+
+    def __init__(self, mod: tvm.IRModule, messages: list[str], restore: bool) -> None:
+        super().__init__(mod)
+        self.assert_op = tvm.ir.Op.get("relax.assert_op")
+        self.messages, self.restore = messages, restore
+        self.changed = False
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: D102 - ExprMutator's hook
+        call = super().visit_call_(call)
+        if not isinstance(call, relax.Call):
+            return call
+        if not self.restore and call.op.same_as(self.assert_op) and isinstance(call.args[1], tvm.ir.expr.StringImm):
+            self.changed = True
+            self.messages.append(str(call.args[1].value))
+            index = relax.prim_value(tvm.tirx.IntImm("int64", len(self.messages) - 1))
+            return relax.Call(relax.ExternFunc(_PLACEHOLDER), [call.args[0], index, *call.args[2:]], None,
+                              [relax.TupleType([])], span=call.span)
+        if self.restore and isinstance(call.op, relax.ExternFunc) and str(call.op.global_symbol) == _PLACEHOLDER:
+            self.changed = True
+            message = self.messages[int(call.args[1].value)]
+            return relax.op.assert_op(call.args[0], list(call.args[2:]), message)
+        return call
+
+
+def _rewrite_messages(mod: tvm.IRModule, messages: list[str], restore: bool) -> tvm.IRModule:
+    updated = mod
+    for gv, func in mod.functions.items():
+        if not isinstance(func, relax.Function):
+            continue
+        mutator = _Messages(mod, messages, restore)
+        body = mutator.visit_expr(func)
+        if mutator.changed:
+            if updated is mod:
+                updated = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+            updated[gv] = body
+    return updated
+
+
+def without_check_messages(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[str]]:
+    """``mod`` with each check's message string replaced by a number, and the messages.
+
+    Some of TVM's passes cannot visit a string argument (``MergeCompositeFunctions``, under TensorRT's
+    partitioning: "Do not have a default for ir.StringImm"); :func:`with_check_messages` puts them back.
+    """
+    messages: list[str] = []
+    return _rewrite_messages(mod, messages, restore=False), messages
+
+
+def with_check_messages(mod: tvm.IRModule, messages: list[str]) -> tvm.IRModule:
+    """``mod`` with the checks :func:`without_check_messages` numbered given their messages again."""
+    return _rewrite_messages(mod, messages, restore=True) if messages else mod

@@ -1,12 +1,12 @@
-"""A run-time range check before every ``take`` of indices computed at run time, for importers that write
-lookups as Relax's ``take`` (the torch route: ``nn.Embedding``, ``index_select``).
+"""Run-time range checks of indices: the check every frontend's lookups get (:func:`emit_index_check`: ONNX's
+Gather and scatter converters, TFLite's GATHER), and :func:`check_takes` for importers that write lookups as
+Relax's ``take`` (the torch route: ``nn.Embedding``, ``index_select``, ``t[ids]``).
 
 TVM's ``take`` in "fast" mode reads wherever an index points: a token id past an embedding table gave numbers
-from other memory, where PyTorch raises "index out of range in self". A frontend that converts such lookups
-runs :func:`check_takes` on its module: each ``take`` whose indices are not a constant gets a check, made when
-the model runs, that they lie in ``[0, n)`` (``n`` the extent of the axis taken; a frontend that allows
-negative indices has normalized them before its ``take``), raised as ``forge.InputError`` by the runtime
-(:data:`~forge_core.runtime.signature.RUN_TIME_CHECK`).
+from other memory, where PyTorch raises "index out of range in self". :func:`check_takes` puts a check before
+each ``take`` whose indices are not a constant, made when the model runs, that they lie in ``[0, n)`` (``n`` the
+extent of the axis taken; a frontend that allows negative indices has normalized them before its ``take``). A
+failed check raises ``forge.InputError`` in the runtime (:data:`~forge_core.runtime.signature.RUN_TIME_CHECK`).
 """
 
 from __future__ import annotations

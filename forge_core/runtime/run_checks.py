@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import tvm_ffi
 
+from forge_core.errors import InputError, MalformedDataError
+
 ASSERT_FUNCTION = "forge.run.assert_op"
 """The global function a compiled check calls: ``(condition, format, *values)``, as ``relax.run.assert_op``."""
 
@@ -37,18 +39,20 @@ def _condition(value: Any) -> bool:
         return bool(value)
     array = np.from_dlpack(value)
     if array.dtype != np.bool_ or array.shape != ():
-        raise ValueError(f"a run-time check's condition must be a bool scalar, given {array.dtype} {array.shape}")
+        raise MalformedDataError(f"a run-time check's condition must be a bool scalar, given {array.dtype} "
+                                 f"{array.shape}")
     return bool(array)
 
 
 def assert_op(condition: Any, format_string: str, *values: Any) -> None:
-    """Raise ``AssertionError`` with the formatted message unless ``condition`` holds."""
+    """Raise :class:`~forge_core.errors.InputError` with the formatted message unless ``condition`` holds (the
+    runtime names the inputs: :func:`~forge_core.runtime.signature.run_error`)."""
     if _condition(condition):
         return
     rendered = [_render(v) for v in values]
     if format_string:
-        raise AssertionError(str(format_string).format(*rendered))
-    raise AssertionError(", ".join(rendered) or "Assertion Failed")
+        raise InputError(str(format_string).format(*rendered))
+    raise InputError(", ".join(rendered) or "a run-time check failed")
 
 
 if tvm_ffi.get_global_func(ASSERT_FUNCTION, allow_missing=True) is None:

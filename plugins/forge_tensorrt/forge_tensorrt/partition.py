@@ -38,6 +38,7 @@ from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
 from forge_core.builtin.folding_passes import inline_partitions_where
+from forge_core.compiler.run_checks import with_check_messages, without_check_messages
 from forge_core.errors import ModelStateError, OptionError
 from forge_core.ir.introspection import static_shape
 from forge_core.passes import PassContext, rewrite_functions, run_passes
@@ -207,7 +208,8 @@ def partition_for_tensorrt(mod: tvm.IRModule, context: PassContext) -> tvm.IRMod
                       ("simplify_scalar_add", simplify_scalar_add)):
         if options[flag]:
             mod = run(mod, context)
-    mod = _renamed(tensorrt.partition_for_tensorrt(mod))
+    mod, messages = without_check_messages(mod)  # TVM's partitioner cannot visit a check's message string
+    mod = with_check_messages(_renamed(tensorrt.partition_for_tensorrt(mod)), messages)
     if options["remove_no_mac_subgraphs"]:
         mod = remove_no_mac_subgraphs(mod, context)
     return mod

@@ -5,10 +5,12 @@ Never ``from_fx``: it builds BatchNorm in training mode and computes it wrongly.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 import tvm
 import tvm_ffi
@@ -112,9 +114,53 @@ def import_exported_program(
         raise
     except Exception as exc:  # noqa: BLE001
         raise ModelImportError(f"TVM's exported-program importer failed: {type(exc).__name__}: {exc}") from exc
-    mod = _slices_within_bounds(mod)
+    mod = _integer_clip_bounds(_slices_within_bounds(mod))
     _check_shapes_known(mod)
     return check_takes(mod, "PyTorch")
+
+
+@relax.expr_functor.mutator
+class _IntegerClipBounds(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule) -> None:
+        super().__init__(mod)
+        self.clip = tvm.ir.Op.get("relax.clip")
+        self.changed = False
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: D102 - ExprMutator's hook
+        call = super().visit_call_(call)
+        if not isinstance(call, relax.Call) or not call.op.same_as(self.clip):
+            return call
+        ty = call.args[0].ty
+        if not isinstance(ty, relax.TensorType) or not ty.dtype.dtype.startswith(("int", "uint")):
+            return call
+        info = np.iinfo(ty.dtype.dtype)
+        bounds, infinite = [], False
+        for bound, limit in zip(call.args[1:], (info.min, info.max)):
+            value = getattr(bound, "value", None)
+            if isinstance(value, float) and math.isinf(value):
+                bound, infinite = tvm.tirx.IntImm(ty.dtype.dtype, int(limit)), True
+            bounds.append(bound)
+        if not infinite:
+            return call
+        self.changed = True
+        return relax.op.clip(call.args[0], *bounds)
+
+
+def _integer_clip_bounds(mod: tvm.IRModule) -> tvm.IRModule:
+    """``clamp(min=0)`` of an integer tensor (``ids.clamp(min=0)``): TVM's converter writes the absent bound as
+    infinity, and its kernel then failed to build ("Cannot convert infinity to BigInt"), the model with it. An
+    infinite bound of an integer clip becomes the dtype's limit."""
+    updated = mod
+    for gv, func in mod.functions.items():
+        if not isinstance(func, relax.Function):
+            continue
+        mutator = _IntegerClipBounds(mod)
+        body = mutator.visit_expr(func)
+        if mutator.changed:
+            if updated is mod:
+                updated = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+            updated[gv] = body
+    return updated
 
 
 def _slices_within_bounds(mod: tvm.IRModule) -> tvm.IRModule:
