@@ -91,6 +91,22 @@ def replace_functions(mod: tvm.IRModule, updated: Mapping[tvm.ir.GlobalVar, tvm.
     return result
 
 
+def mutate_functions(mod: tvm.IRModule, make_mutator: Callable[[tvm.IRModule], Any],
+                     finish: Callable[[relax.Function], relax.Function] | None = None) -> tvm.IRModule:
+    """``mod`` with each Relax function visited by a fresh ``make_mutator(mod)`` (a ``PyExprMutator`` whose
+    ``changed`` says whether it rewrote something); a changed function goes through ``finish`` when given
+    (``mod`` itself when none changed)."""
+    updated = {}
+    for gv, func in mod.functions.items():
+        if not isinstance(func, relax.Function):
+            continue
+        mutator = make_mutator(mod)
+        body = mutator.visit_expr(func)
+        if mutator.changed:
+            updated[gv] = finish(body) if finish is not None else body
+    return replace_functions(mod, updated)
+
+
 def map_bindings(body: relax.SeqExpr, swap: Callable[[relax.Binding], relax.Binding]) -> relax.SeqExpr:
     """``body`` with each binding replaced by ``swap(binding)``, in order, each block keeping its kind; the
     bindings inside an ``If``'s branches (a loop's body, a model's ``If``) first."""

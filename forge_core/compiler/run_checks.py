@@ -12,6 +12,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from forge_core.passes import mutate_functions
 from forge_core.runtime.run_checks import ASSERT_FUNCTION
 
 
@@ -33,20 +34,7 @@ class _PortableAsserts(relax.PyExprMutator):
 
 def portable_run_checks(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with every ``relax.assert_op`` a call of Forge's runtime function (``mod`` itself when none)."""
-    rewritten = {}
-    for gv, func in mod.functions.items():
-        if not isinstance(func, relax.Function):
-            continue
-        mutator = _PortableAsserts(mod)
-        body = mutator.visit_expr(func)
-        if mutator.changed:
-            rewritten[gv] = body
-    if not rewritten:
-        return mod
-    updated = mod.clone() if hasattr(mod, "clone") else tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
-    for gv, func in rewritten.items():
-        updated[gv] = func
-    return updated
+    return mutate_functions(mod, _PortableAsserts)
 
 
 _PLACEHOLDER = "forge.run.assert_op_placeholder"
@@ -80,17 +68,7 @@ class _Messages(relax.PyExprMutator):
 
 
 def _rewrite_messages(mod: tvm.IRModule, messages: list[str], restore: bool) -> tvm.IRModule:
-    updated = mod
-    for gv, func in mod.functions.items():
-        if not isinstance(func, relax.Function):
-            continue
-        mutator = _Messages(mod, messages, restore)
-        body = mutator.visit_expr(func)
-        if mutator.changed:
-            if updated is mod:
-                updated = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
-            updated[gv] = body
-    return updated
+    return mutate_functions(mod, lambda m: _Messages(m, messages, restore))
 
 
 def without_check_messages(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[str]]:

@@ -16,6 +16,7 @@ from typing import Any
 import tvm
 from tvm import relax, tirx
 
+from forge_core.passes import mutate_functions
 from forge_core.runtime.signature import RUN_TIME_CHECK
 
 
@@ -57,7 +58,7 @@ class _CheckTakes(relax.PyExprMutator):
         super().__init__(mod)
         self.take = tvm.ir.Op.get("relax.take")
         self.framework = framework
-        self.count = 0
+        self.changed = False
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: D102 - ExprMutator's hook
         call = super().visit_call_(call)
@@ -84,25 +85,15 @@ class _CheckTakes(relax.PyExprMutator):
         shape = "(" + ", ".join(str(int(d.value)) if isinstance(d, tirx.IntImm) else str(d) for d in dims) + ")"
         emit_index_check(self.builder_, indices, [extent], label=f"a lookup (take) into a tensor of shape {shape}",
                          where=where, reference=self.framework)
-        self.count += 1
+        self.changed = True
         return call
 
 
 def check_takes(mod: tvm.IRModule, framework: str) -> tvm.IRModule:
     """``mod`` with a run-time range check before each ``take`` of indices that are not constants.
 
-    ``framework`` names the reference in the message (``"PyTorch"``).
+    ``framework`` names the reference in the message (``"PyTorch"``). A check is an impure call: a function
+    holding one is no longer pure (an importer may have declared it so).
     """
-    updated = mod
-    for gv, func in mod.functions.items():
-        if not isinstance(func, relax.Function):
-            continue
-        mutator = _CheckTakes(mod, framework)
-        body = mutator.visit_expr(func)
-        if mutator.count:
-            if updated is mod:
-                updated = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
-            # A check is an impure call: the function (an importer may have declared it pure) no longer is.
-            updated[gv] = relax.Function(body.params, body.body, body.ret_ty, is_pure=False, attrs=body.attrs,
-                                         span=body.span)
-    return updated
+    return mutate_functions(mod, lambda m: _CheckTakes(m, framework), lambda body: relax.Function(
+        body.params, body.body, body.ret_ty, is_pure=False, attrs=body.attrs, span=body.span))

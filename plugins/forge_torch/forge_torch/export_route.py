@@ -19,6 +19,7 @@ from tvm.relax.frontend.torch.exported_program_translator import ExportedProgram
 
 from forge_core.errors import ForgeError, ModelImportError, OperatorConversionError, UnsupportedOperatorError
 from forge_core.ir.index_checks import check_takes
+from forge_core.passes import mutate_functions
 
 
 def _named(op: str, convert: Callable[..., Any]) -> Callable[..., Any]:
@@ -150,17 +151,7 @@ def _integer_clip_bounds(mod: tvm.IRModule) -> tvm.IRModule:
     """``clamp(min=0)`` of an integer tensor (``ids.clamp(min=0)``): TVM's converter writes the absent bound as
     infinity, and its kernel then failed to build ("Cannot convert infinity to BigInt"), the model with it. An
     infinite bound of an integer clip becomes the dtype's limit."""
-    updated = mod
-    for gv, func in mod.functions.items():
-        if not isinstance(func, relax.Function):
-            continue
-        mutator = _IntegerClipBounds(mod)
-        body = mutator.visit_expr(func)
-        if mutator.changed:
-            if updated is mod:
-                updated = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
-            updated[gv] = body
-    return updated
+    return mutate_functions(mod, _IntegerClipBounds)
 
 
 def _slices_within_bounds(mod: tvm.IRModule) -> tvm.IRModule:
