@@ -17,6 +17,7 @@ import numpy as np
 import tvm_ffi
 
 from forge_core.errors import InputError, MalformedDataError
+from forge_core.runtime.outputs import _to_numpy
 
 ASSERT_FUNCTION = "forge.run.assert_op"
 """The global function a compiled check calls: ``(condition, format, *values)``, as ``relax.run.assert_op``."""
@@ -26,18 +27,15 @@ def _render(value: Any) -> str:
     """A check's value in its message: a tensor's numbers (a scalar as one number), a shape as a tuple."""
     if isinstance(value, tvm_ffi.Shape):
         return str(tuple(int(d) for d in value))
-    if hasattr(value, "__dlpack__"):
-        try:
-            return str(np.from_dlpack(value))
-        except (TypeError, RuntimeError, BufferError):  # on a device numpy cannot read
-            return str(value)
+    if isinstance(value, tvm_ffi.Tensor):
+        return str(_to_numpy(value))  # copied from the device (a CUDA artifact's checks run on the GPU)
     return str(value)
 
 
 def _condition(value: Any) -> bool:
     if isinstance(value, (bool, int, np.bool_)):
         return bool(value)
-    array = np.from_dlpack(value)
+    array = _to_numpy(value)
     if array.dtype != np.bool_ or array.shape != ():
         raise MalformedDataError(f"a run-time check's condition must be a bool scalar, given {array.dtype} "
                                  f"{array.shape}")
