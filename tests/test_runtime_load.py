@@ -271,3 +271,59 @@ def test_forge_runtime_runs_where_tvm_loaded_its_runtime_library_alone(conv_net,
     assert "forge.from_onnx needs TVM's compiler library" in report["refusal"]
     assert "TVM_USE_RUNTIME_LIB" in report["refusal"]
     np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), forge.Runtime(artifact).infer(inputs[0])[0])
+
+
+def _masked_rows() -> onnx.ModelProto:
+    """``where(keep, x * 2, -x)`` and ``keep`` itself, over a dynamic row count: bool in and out."""
+    graph = helper.make_graph([
+        helper.make_node("Mul", ["x", "two"], ["doubled"]),
+        helper.make_node("Neg", ["x"], ["negated"]),
+        helper.make_node("Where", ["keep", "doubled", "negated"], ["y"]),
+        helper.make_node("Not", ["keep"], ["dropped"]),
+    ], "masked_rows", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3]),
+                       helper.make_tensor_value_info("keep", TensorProto.BOOL, ["n", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3]),
+         helper.make_tensor_value_info("dropped", TensorProto.BOOL, ["n", 3])],
+        [numpy_helper.from_array(np.array(2.0, np.float32), "two")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_bool_and_empty_tensors_cross_the_light_runtime_without_tvms_python(tmp_path):
+    """With TVM's runtime library alone: a bool input and output, and a batch of no rows, go through TVM's
+    runtime functions (not ``tvm.runtime.tensor``, which imported TVM's Python package: +0.23 s), and the
+    numbers are onnxruntime's."""
+    from artifacts import run_in_fresh_process
+
+    model = _masked_rows()
+    forge.from_onnx(model).compile(output_path=tmp_path / "artifact")
+    rng = np.random.default_rng(12)
+    for rows in (5, 0):
+        feeds = {"x": rng.standard_normal((rows, 3)).astype(np.float32), "keep": rng.random((rows, 3)) < 0.5}
+        workdir = tmp_path / f"rows{rows}"
+        workdir.mkdir()
+        outputs, report = run_in_fresh_process(tmp_path / "artifact", [feeds["x"], feeds["keep"]], workdir,
+                                               runtime_only=True)
+        assert not report["compiler_loaded"] and not report["tvm_imported"], report
+        for got, want in zip(outputs, onnxruntime_outputs(model, feeds), strict=True):
+            assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, got.shape, want.shape)
+            np.testing.assert_array_equal(got, want)
+
+
+def test_tensors_copied_by_tvms_runtime_functions_keep_their_elements():
+    """The copies that a GPU's tensors take (``outputs._copied_in`` / ``_copied_out``: TVM's runtime library copies
+    them from any device), checked on the CPU for every dtype the runtime moves that way."""
+    import tvm_ffi
+
+    from forge_core.runtime.outputs import _copied_in, _copied_out
+
+    rng = np.random.default_rng(3)
+    cpu = tvm_ffi.device("cpu", 0)
+    cases = [rng.random((4, 5)) < 0.5, np.zeros((0, 7), np.float32),
+             rng.standard_normal((3, 1, 5)).astype(np.float16),
+             np.asfortranarray(rng.integers(-9, 9, (6, 4)).astype(np.int64)), np.array(3.5, np.float32)]
+    for array in cases:
+        tensor = _copied_in(array, cpu)
+        assert tuple(tensor.shape) == array.shape and str(tensor.dtype) == str(array.dtype)
+        back = _copied_out(tensor)
+        assert back.dtype == array.dtype and back.shape == array.shape
+        np.testing.assert_array_equal(back, array)

@@ -32,7 +32,6 @@ from forge_core.runtime.profiling import FunctionTime, profile_calls
 from forge_core.runtime.signature import SignatureSurface, TensorSpec, check_inputs, explained_run_errors, random_inputs
 from forge_core.runtime.vm import VirtualMachine, device_exists
 from forge_core.runtime.vm_threads import VMSessions
-from forge_core.tvm_import import import_tvm
 
 _DEVICES = ("cpu", "cuda")
 
@@ -231,8 +230,6 @@ class Runtime(LoadedArtifact):
         if device_type not in _DEVICES:
             raise ForgeError(f"{str(path)!r} targets device {device_type!r}, which this runtime cannot drive")
         ensure_backend(device_type, str(path))
-        if device_type != "cpu":
-            import_tvm()  # a GPU's tensors: TVM's own classes copy them (tvm.runtime.Tensor.numpy)
         device = tvm_ffi.device(device_type, 0)
         if not device_exists(device):
             raise ForgeError(f"{str(path)!r} is built for {device_type}, and no {device_type} device is present")

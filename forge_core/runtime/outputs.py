@@ -39,18 +39,32 @@ def aligned_copy(array: np.ndarray) -> np.ndarray:
 def to_device(array: np.ndarray, device: Any) -> Any:
     """``array`` as a VM argument on ``device`` (CPU: shared when aligned and writable, else one aligned copy).
 
-    Bool and empty arrays, and any for another device, go through ``tvm.runtime.tensor`` (imported then): numpy
-    before 1.25 (Debian 12's, on a board) exports no bool through DLPack ("DLPack only supports signed/unsigned
-    integers, float and complex dtypes"), and TVM's DLPack import refuses empty arrays' strides.
+    Bool and empty arrays, and any for another device, are copied into a tensor that TVM's runtime library
+    allocates (what ``tvm.runtime.tensor`` calls, without importing ``tvm``): numpy before 1.25 (Debian 12's, on a
+    board) exports no bool through DLPack ("DLPack only supports signed/unsigned integers, float and complex
+    dtypes"), TVM's DLPack import refuses empty arrays' strides, and a GPU's memory is not numpy's.
     """
     if device.dlpack_device_type() != 1 or array.dtype.kind not in "iuf" or array.dtype.itemsize > 8 \
             or array.size == 0:
-        from forge_core.tvm_import import import_tvm
-
-        return import_tvm().runtime.tensor(array, device)
+        return _copied_in(array, device)
     if not (array.flags.writeable and _aligned(array) and array.strides == _compact_strides(array)):
         array = aligned_copy(array)
     return tvm_ffi.from_dlpack(array)
+
+
+def _runtime_function(name: str) -> Any:
+    """One of TVM's runtime library functions (``tvm.runtime._ffi_api``'s), through ``tvm_ffi``."""
+    return tvm_ffi.get_global_func(f"runtime.{name}")
+
+
+def _copied_in(array: np.ndarray, device: Any) -> Any:
+    """A tensor on ``device`` allocated by TVM's runtime library, ``array``'s elements copied into it."""
+    tensor = _runtime_function("TVMTensorAllocWithScope")(
+        tvm_ffi.Shape([int(d) for d in array.shape]), tvm_ffi.dtype(str(array.dtype)), device, None)
+    if array.size:
+        source = np.ascontiguousarray(array)
+        _runtime_function("TVMTensorCopyFromBytes")(tensor, source.ctypes.data_as(ctypes.c_void_p), source.nbytes)
+    return tensor
 
 
 def _compact_strides(array: np.ndarray) -> tuple[int, ...]:
@@ -66,21 +80,24 @@ def _to_numpy(tensor: Any) -> np.ndarray:
     try:
         return np.from_dlpack(tensor).copy()
     except (BufferError, TypeError, ValueError, RuntimeError):  # a dtype numpy's DLPack lacks, a GPU tensor
-        if hasattr(tensor, "numpy"):  # tvm.runtime.Tensor (a GPU artifact's: the runtime imported tvm for it)
+        return _copied_out(tensor)
+
+
+def _copied_out(tensor: Any) -> np.ndarray:
+    """A contiguous tensor's elements copied into numpy by TVM's runtime library, from any device (what
+    ``tvm.runtime.Tensor.numpy`` calls, without importing ``tvm``; bool through numpy before 1.25's DLPack)."""
+    try:
+        dtype = np.dtype(str(tensor.dtype))
+    except TypeError:  # bfloat16, float8...: numpy names them only through ml_dtypes, as TVM's own class does
+        if hasattr(tensor, "numpy"):
             return tensor.numpy()
-        return _copy_out(tensor)
-
-
-def _copy_out(tensor: Any) -> np.ndarray:
-    """A contiguous CPU tensor's elements copied by address (bool through numpy before 1.25's DLPack)."""
-    if str(tensor.device).split(":")[0] != "cpu" or not tensor.is_contiguous():
-        raise ForgeError(f"Cannot copy a model output of dtype {tensor.dtype} on {tensor.device} to numpy")
-    dtype = np.dtype(str(tensor.dtype))
-    shape = tuple(int(d) for d in tensor.shape)
-    count = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    raw = np.ctypeslib.as_array((ctypes.c_uint8 * count).from_address(tensor.data_ptr())) if count else \
-        np.empty(0, np.uint8)
-    return raw.view(dtype).reshape(shape).copy()
+        raise ForgeError(f"Cannot copy a model output of dtype {tensor.dtype} to numpy") from None
+    if not tensor.is_contiguous():
+        raise ForgeError(f"Cannot copy a model output on {tensor.device} with strides to numpy")
+    copy = np.empty(tuple(int(d) for d in tensor.shape), dtype)
+    if copy.size:
+        _runtime_function("TVMTensorCopyToBytes")(tensor, copy.ctypes.data_as(ctypes.c_void_p), copy.nbytes)
+    return copy
 
 
 def outputs_to_numpy(value: Any) -> list[np.ndarray]:
