@@ -30,6 +30,8 @@ from_tflite raised), ``inference error`` (building or calling the inference func
 ``reference fails`` (the model's own runtime cannot run it), ``timeout``, ``crash`` (the process died).
 A mismatch is also checked against the runtime's plainer kernels (onnxruntime with ``ORT_DISABLE_ALL``,
 TFLite's ``BUILTIN_REF`` kernels instead of XNNPACK): recorded as ``second_reference``, the status unchanged.
+An ONNX mismatch also says which of Forge and onnxruntime is nearer the model's float64 values (onnxruntime on
+``as_double``'s copy), where that copy runs.
 Times: Forge's import, its first call (build plus one run), then the median call of the inference
 function (generic code for checking numbers, not a compiled artifact: not a latency figure) and the
 reference's median run. Prints the CPU, a table and the counts; writes benchmarks/results/shipped_models.json.
@@ -293,6 +295,73 @@ def _compare(forge_out, ref_out) -> dict:
     return result
 
 
+def as_double(model: Any) -> Any:
+    """An ONNX model's copy computing in float64: every float32 input, output, weight, constant and cast."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, numpy_helper
+
+    double = onnx.ModelProto.FromString(model.SerializeToString())
+
+    def tensor(value: Any) -> Any:
+        return numpy_helper.from_array(numpy_helper.to_array(value).astype(np.float64), value.name)
+
+    def graph_of(graph: Any) -> None:
+        for info in [*graph.input, *graph.output, *graph.value_info]:
+            if info.type.tensor_type.elem_type == TensorProto.FLOAT:
+                info.type.tensor_type.elem_type = TensorProto.DOUBLE
+        for index, value in enumerate(graph.initializer):
+            if value.data_type == TensorProto.FLOAT:
+                graph.initializer[index].CopyFrom(tensor(value))
+        for node in graph.node:
+            for attribute in node.attribute:
+                if attribute.type == onnx.AttributeProto.TENSOR and attribute.t.data_type == TensorProto.FLOAT:
+                    attribute.t.CopyFrom(tensor(attribute.t))
+                elif attribute.name in ("to", "output_datatype") and attribute.i == TensorProto.FLOAT:
+                    attribute.i = TensorProto.DOUBLE
+                elif attribute.type == onnx.AttributeProto.GRAPH:
+                    graph_of(attribute.g)
+
+    graph_of(double.graph)
+    return double
+
+
+def _float64_arbiter(path: Path) -> Callable[[dict], list | None]:
+    """The model run in float64 by onnxruntime, for a mismatch's inputs: which of Forge and onnxruntime is nearer
+    the exact values (None where the float64 copy does not run: an op without a double kernel)."""
+    def exact(arrays: dict) -> list | None:
+        import numpy as np
+        import onnx
+        import onnxruntime as ort
+
+        try:
+            double = as_double(onnx.load(str(path)))
+            session = ort.InferenceSession(double.SerializeToString(), providers=["CPUExecutionProvider"])
+            return session.run(None, {n: a.astype(np.float64) if a.dtype == np.float32 else a
+                                      for n, a in arrays.items()})
+        except Exception:  # noqa: BLE001 - no float64 verdict for this model
+            return None
+
+    return exact
+
+
+def _nearer(by_name: dict, names: list[str], reference: list, exact: list | None) -> str:
+    """`` [float64: Forge E1, onnxruntime E2 of the range]`` over the float outputs, or nothing without ``exact``."""
+    import numpy as np
+
+    if exact is None:
+        return ""
+    forge_err = runtime_err = 0.0
+    for name, want, truth in zip(names, reference, exact):
+        truth = np.asarray(truth)
+        if truth.dtype.kind != "f" or not truth.size or np.asarray(by_name[name]).shape != truth.shape:
+            continue
+        scale = float(np.max(np.abs(truth))) or 1.0
+        forge_err = max(forge_err, float(np.max(np.abs(np.asarray(by_name[name], np.float64) - truth))) / scale)
+        runtime_err = max(runtime_err, float(np.max(np.abs(np.asarray(want, np.float64) - truth))) / scale)
+    return f" [float64: Forge {forge_err:.2g}, onnxruntime {runtime_err:.2g} of the range]"
+
+
 def _verdict(record: dict, pairs: list[tuple[str, object, object]]) -> None:
     outputs = {}
     for name, f, r in pairs:
@@ -366,6 +435,7 @@ def _onnx_worker(path: Path, threads: int, record: dict) -> None:
         reference = None
 
     ir = _imported(record, reference is not None, lambda: forge.from_onnx(str(path), shape=shapes))
+    exact = _float64_arbiter(path)
 
     def dynamic() -> None:
         """The model with its dims left dynamic, after the static verdict is out (printed before the build: a
@@ -381,7 +451,7 @@ def _onnx_worker(path: Path, threads: int, record: dict) -> None:
         if dynamic_ir is None or reference is None:
             return
         print(MARK + json.dumps({**record, "dynamic_run": "crash (the process died)"}), flush=True)
-        _checked_run(record, dynamic_ir, arrays, names, reference)
+        _checked_run(record, dynamic_ir, arrays, names, reference, exact=exact)
         batched = _other_batch(model, initializers, arrays, hint, rng)
         if batched is not None and record.get("dynamic_run") == "match":
             try:
@@ -389,24 +459,25 @@ def _onnx_worker(path: Path, threads: int, record: dict) -> None:
             except Exception as exc:  # noqa: BLE001 - the runtime refuses the other batch: nothing to compare
                 record["dynamic_batch_3"] = f"reference fails: {_first_line(exc)}"
             else:
-                _checked_run(record, dynamic_ir, batched, names, batched_reference, key="dynamic_batch_3")
+                _checked_run(record, dynamic_ir, batched, names, batched_reference, key="dynamic_batch_3",
+                             exact=exact)
         if COMPILED:
             print(MARK + json.dumps({**record, "compiled_run": "crash (the process died)"}), flush=True)
-            _checked_run(record, dynamic_ir, arrays, names, reference, key="compiled_run", compiled=True)
+            _checked_run(record, dynamic_ir, arrays, names, reference, key="compiled_run", compiled=True, exact=exact)
             if batched is not None and record.get("compiled_run") == "match" and "dynamic_batch_3" in record \
                     and not str(record["dynamic_batch_3"]).startswith("reference fails"):
                 _checked_run(record, dynamic_ir, batched, names, batched_reference, key="compiled_batch_3",
-                             compiled=True)
+                             compiled=True, exact=exact)
 
-    _static_run(record, ir, reference, arrays, names, session_of)
+    _static_run(record, ir, reference, arrays, names, session_of, exact)
     if COMPILED and ir is not None and reference is not None:
         print(MARK + json.dumps({**record, "compiled_static": "crash (the process died)"}), flush=True)
-        _checked_run(record, ir, arrays, names, reference, key="compiled_static", compiled=True)
+        _checked_run(record, ir, arrays, names, reference, key="compiled_static", compiled=True, exact=exact)
     dynamic()
 
 
 def _static_run(record: dict, ir: Any, reference: list | None, arrays: dict, names: list[str],
-                session_of: Callable[[str], Any]) -> None:
+                session_of: Callable[[str], Any], exact: Callable[[dict], list | None] | None = None) -> None:
     if ir is None or reference is None:
         return
 
@@ -430,6 +501,8 @@ def _static_run(record: dict, ir: Any, reference: list | None, arrays: dict, nam
     if record["status"] == "mismatch":  # is Forge off the runtime, or the runtime's optimized graph off its plain one?
         second = session_of("ORT_DISABLE_ALL").run(None, arrays)
         _second_reference(record, "onnxruntime ORT_DISABLE_ALL", [(n, by_name[n], r) for n, r in zip(names, second)])
+        if exact is not None:
+            record["error"] += _nearer(by_name, names, reference, exact(arrays))
 
 
 _DYNAMIC_FUNCTIONS: dict[tuple[int, bool], Any] = {}
@@ -437,10 +510,12 @@ COMPILED = False  # --compiled
 
 
 def _checked_run(record: dict, ir: Any, arrays: dict, names: list[str], reference: list,
-                 key: str = "dynamic_run", compiled: bool = False) -> None:
+                 key: str = "dynamic_run", compiled: bool = False,
+                 exact: Callable[[dict], list | None] | None = None) -> None:
     """An import of the model (dims dynamic, or static for ``compiled_static``), built once (its inference
     function, or ``compiled`` as ``compile()`` compiles it) and run on ``arrays`` against the reference's
-    outputs: ``record[key]`` is ``match``, ``mismatch: ...`` or the error's first line."""
+    outputs: ``record[key]`` is ``match``, ``mismatch: ...`` or the error's first line (a mismatch says which of
+    Forge and the reference is nearer the float64 values, given ``exact``)."""
     args = [arrays[n] for n in ir.input_names] if set(ir.input_names) == set(arrays) else list(arrays.values())
     try:
         if (id(ir), compiled) not in _DYNAMIC_FUNCTIONS:
@@ -463,7 +538,8 @@ def _checked_run(record: dict, ir: Any, arrays: dict, names: list[str], referenc
         return
     check: dict = {}
     _verdict(check, [(n, by_name[n], r) for n, r in zip(names, reference)])
-    record[key] = check["status"] if check["status"] == "match" else f"mismatch: {check['error']}"
+    record[key] = check["status"] if check["status"] == "match" else \
+        f"mismatch: {check['error']}" + (_nearer(by_name, names, reference, exact(arrays)) if exact else "")
 
 
 def _other_batch(model, initializers: set, arrays: dict, hint: dict, rng) -> dict | None:
