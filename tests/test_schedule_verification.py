@@ -139,6 +139,62 @@ def test_a_float_to_integer_cast_is_verified_on_floats_the_integer_type_holds(dt
         verify_function(f"cast_{dtype}_wrong", "Broken", original, wrong, target)
 
 
+def _resize_index(rows: float) -> tvm.tirx.PrimFunc:
+    """A nearest resize's source index as SLANet's fused kernel computes it: the output coordinate over the scale
+    (``rows`` over the input's size), floored and clamped to the input, then cast to int64."""
+    size = te.placeholder((1,), name="size")
+    coordinate = te.placeholder((3,), name="coordinate")
+
+    def index(i):
+        scale = tvm.tirx.const(rows, "float32") / size[0]
+        source = tvm.tirx.floor((coordinate[i] - 1.0) / scale)
+        return tvm.te.min(tvm.te.max(source, 0.0), size[0] - 1.0).astype("int64")
+
+    return te.create_prim_func([size, coordinate, te.compute((3,), index, name="index")])
+
+
+def test_a_resize_index_computed_with_a_wrong_size_is_caught_though_its_clamp_takes_most_draws():
+    """SLANet with its dims dynamic, compiled: a per-item kernel computed a resize's index with its batch item's 1
+    where its reference has the batch's 3, and verification passed it (floats from 0 to 100: the clamp to the
+    input's size took every element). A function converting floats to integers now runs on twelve draws from 0
+    to 100, 16, 8 and 4: a wrong size, each of five, is caught."""
+    target = tvm.target.Target("llvm")
+    original = _resize_index(3.0)
+    assert verify_function("resize_index", "Same", original, original, target) is None
+    for rows in (1.0, 2.0, 4.0, 5.0, 6.0):
+        with pytest.raises(ScheduleVerificationError, match="'resize_index' as scheduled by Broken"):
+            verify_function("resize_index", "Broken", original, _resize_index(rows), target)
+
+
+def _strided_map(scale: float) -> tvm.tirx.PrimFunc:
+    """``x * scale`` over a map of ``n`` items whose width is computed from a dim passed by value
+    (``(h - 1) // 32 + 1``: a stride-32 feature map of a detector with its dims dynamic, as SLANet's fused kernels
+    take it)."""
+    n, h = tvm.tirx.Var("n", "int64"), tvm.tirx.Var("h", "int64")
+    shape = (n, 8, (h - 1) // 32 + 1)
+    x = te.placeholder(shape, name="x")
+    y = te.compute(shape, lambda a, b, c: x[a, b, c] * tvm.tirx.const(scale, "float32"), name="y")
+    return te.create_prim_func([x, h, y])
+
+
+def test_a_function_with_dynamic_dims_and_a_dim_passed_by_value_is_verified_with_each_bound():
+    """Verification had checked only the rules over symbolic dims: any other function of a model with its dims
+    dynamic was reported as 'symbolic shapes', and one whose dims are computed from a scalar parameter could not
+    be bound (SLANet with dims dynamic: 92 of 199 scheduled functions verified, now 194). Every dim, and every
+    dim passed by value, is now bound (in rounds: the computed width once ``h`` is bound, then ``n``)."""
+    from forge_core.schedules.verify import verify_schedules
+
+    function = tvm.ir.GlobalVar("scaled")
+    before = tvm.IRModule({function: _strided_map(2.0)})
+    target = tvm.target.Target("llvm")
+    same = tvm.IRModule({function: _strided_map(2.0).with_attr(RULE_ATTR, "Same")})
+    report = verify_schedules(before, same, target, "default")
+    assert report.verified == ["scaled"] and not report.skipped, report
+    wrong = tvm.IRModule({function: _strided_map(2.5).with_attr(RULE_ATTR, "Broken")})
+    with pytest.raises(ScheduleVerificationError, match="'scaled' as scheduled by Broken at 19 .* output 'y'"):
+        verify_schedules(before, wrong, target, "default")
+
+
 @pytest.mark.parametrize("opt_level", [0, 3])
 @pytest.mark.parametrize("dtype", [TensorProto.INT32, TensorProto.UINT32, TensorProto.INT64, TensorProto.UINT8])
 def test_integer_division_by_loaded_values_is_not_verified_and_never_traps(dtype, opt_level, tmp_path):

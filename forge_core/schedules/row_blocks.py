@@ -191,13 +191,19 @@ def _reads_then_overwrites(func: tirx.PrimFunc, batched: list[object]) -> bool:
     return any(_contains(read_first, b) for b in written)
 
 
-def bind_rows(func: tirx.PrimFunc, sizes: dict[str, int]) -> dict[object, object]:
+def bind_rows(func: tirx.PrimFunc, sizes: dict[str, int], *, scalars: bool = False) -> dict[object, object]:
     """Each parameter with dynamic dims -> a buffer of the same type with those dims bound (``{"s": 7}``; a dim
-    that is an expression of them evaluated), for ``func.specialize``."""
+    that is an expression of them evaluated), for ``func.specialize``; with ``scalars``, each integer scalar
+    parameter named in ``sizes`` (a dim passed by value: ``shape_to_tensor``'s) -> its value too."""
     analyzer = Analyzer()
     bound = {}
     plain = {str(d.name) for param in func.params for d in list(getattr(param.ty, "shape", None) or ())
              if isinstance(d, tirx.Var)}
+    if scalars:
+        for param in scalar_params(func):
+            plain.add(str(param.name))
+            if str(param.name) in sizes:
+                bound[param] = tirx.IntImm(str(param.ty.dtype), sizes[str(param.name)])
     for param in func.params:
         dims = list(getattr(param.ty, "shape", None) or ())
         if not dims or _is_static(dims):
@@ -210,6 +216,11 @@ def bind_rows(func: tirx.PrimFunc, sizes: dict[str, int]) -> dict[object, object
         static = [analyzer.simplify(substitute(d, values)) if values else d for d in dims]
         bound[param] = tirx.decl_buffer(static, str(param.ty.dtype), str(param.name))
     return bound
+
+
+def scalar_params(func: tirx.PrimFunc) -> list[tirx.Var]:
+    """``func``'s integer parameters passed by value (not buffers)."""
+    return [p for p in func.params if isinstance(p.ty, tvm.ir.PrimType) and str(p.ty.dtype).startswith(("int", "uint"))]
 
 
 def dim_names(func: tirx.PrimFunc) -> list[str]:
