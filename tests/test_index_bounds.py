@@ -246,6 +246,39 @@ def test_from_torch_indexes_from_the_end_and_refuses_what_pytorch_refuses():
             function(bad_ids, bad_positive)
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_from_torch_advanced_indexing_on_two_axes_refuses_what_pytorch_refuses(compiled):
+    """``t[i, j]`` (Relax's ``index_tensor``): an index past an axis had given numbers from other memory, and a
+    far one a segfault, where PyTorch raises. Each index tensor is now checked against its axis; Python's
+    negative indices still read from the end, as in PyTorch."""
+    import torch
+
+    from forge_core.compiler.compile import compile_to_function
+
+    class Pick(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("table", torch.randn(5, 7, 3, generator=torch.Generator().manual_seed(5)))
+
+        def forward(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+            return self.table[i, j]
+
+    module = Pick().eval()
+    ir = forge.from_torch(module, [("i", ((3,), "int64")), ("j", ((3,), "int64"))])
+    function = compile_to_function(ir) if compiled else ir.get_inference_function()
+    for i, j in (([0, 4, 2], [1, 6, 0]), ([-1, 0, -5], [-7, 2, -1])):
+        want = module(torch.tensor(i), torch.tensor(j)).numpy()
+        np.testing.assert_array_equal(function(np.array(i), np.array(j)), want)
+    for i, j, axis, last in (([0, 5, 1], [0, 0, 0], 0, 4), ([0, 1, -6], [0, 0, 0], 0, 4), ([0, 1, 1], [0, 7, 0], 1, 6),
+                             ([0, 400000, 1], [0, 7000000, 0], 0, 4)):
+        with pytest.raises(IndexError):
+            module(torch.tensor(i), torch.tensor(j))
+        with pytest.raises(forge.InputError, match=rf"an index \(index_tensor\) into a tensor of shape \(5, 7, 3\): "
+                                                   rf"1 of its indices lie outside \[0, {last}\], the extent of axis "
+                                                   rf"{axis} \(PyTorch refuses such indices too\)"):
+            function(np.array(i), np.array(j))
+
+
 def test_a_shape_bucket_keeps_the_check(tmp_path):
     """A bucket is a static copy of the model's function: it shared the check's variables with the dynamic one,
     and fusion refused the module ("appears at multiple definition sites")."""

@@ -1,6 +1,7 @@
 """Run-time range checks of indices: the check every frontend's lookups get (:func:`emit_index_check`: ONNX's
 Gather and scatter converters, TFLite's GATHER), and :func:`check_takes` for importers that write lookups as
-Relax's ``take`` (the torch route: ``nn.Embedding``, ``index_select``, ``t[ids]``).
+Relax's ``take`` or ``index_tensor`` (the torch route: ``nn.Embedding``, ``index_select``, ``t[ids]``,
+``t[i, j]``).
 
 TVM's ``take`` in "fast" mode reads wherever an index points: a token id past an embedding table gave numbers
 from other memory, where PyTorch raises "index out of range in self". :func:`check_takes` puts a check before
@@ -57,11 +58,14 @@ class _CheckTakes(relax.PyExprMutator):
     def __init__(self, mod: tvm.IRModule, framework: str) -> None:
         super().__init__(mod)
         self.take = tvm.ir.Op.get("relax.take")
+        self.index_tensor = tvm.ir.Op.get("relax.index_tensor")
         self.framework = framework
         self.changed = False
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: D102 - ExprMutator's hook
         call = super().visit_call_(call)
+        if isinstance(call, relax.Call) and call.op.same_as(self.index_tensor):
+            return self._check_index_tensor(call)
         if not isinstance(call, relax.Call) or not call.op.same_as(self.take) or str(call.attrs.mode) != "fast":
             return call
         data, indices = call.args
@@ -86,6 +90,31 @@ class _CheckTakes(relax.PyExprMutator):
         emit_index_check(self.builder_, indices, [extent], label=f"a lookup (take) into a tensor of shape {shape}",
                          where=where, reference=self.framework)
         self.changed = True
+        return call
+
+
+    def _check_index_tensor(self, call: relax.Call) -> relax.Expr:
+        """``index_tensor(data, (i0, i1, ...))`` (``t[i, j]``: ``ik`` indexes axis ``k``, the importer has
+        normalized its negative indices): each ``ik`` that is not a constant checked against ``[0, n_k)``."""
+        data, indices = call.args
+        ty = data.ty
+        if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+            return call
+        dims = list(ty.shape.values)
+        if isinstance(indices, relax.Tuple):
+            fields = list(indices.fields)
+        elif isinstance(indices.ty, relax.TupleType):
+            fields = [relax.TupleGetItem(indices, k) for k in range(len(indices.ty.fields))]
+        else:
+            return call
+        shape = "(" + ", ".join(str(int(d.value)) if isinstance(d, tirx.IntImm) else str(d) for d in dims) + ")"
+        for axis, field in enumerate(fields[:len(dims)]):
+            if isinstance(field, tvm.ir.GenericConst):
+                continue
+            emit_index_check(self.builder_, field, [dims[axis]],
+                             label=f"an index (index_tensor) into a tensor of shape {shape}", where=f"axis {axis}",
+                             reference=self.framework)
+            self.changed = True
         return call
 
 
