@@ -45,7 +45,8 @@ def all_converters() -> dict[tuple[str, str], Callable[..., Any]]:
     for module in MODULES:
         for op_type, convert in module.CONVERTERS.items():
             add("", op_type, convert)
-    for op_type, convert in {**microsoft.CONVERTERS, **microsoft_bert.CONVERTERS}.items():
+    for op_type, convert in {**microsoft.CONVERTERS, **microsoft_bert.CONVERTERS,
+                             **indexing.MICROSOFT_CONVERTERS}.items():
         add(microsoft.DOMAIN, op_type, convert)
     for op_type, convert in ml.CONVERTERS.items():
         add(ml.DOMAIN, op_type, convert)

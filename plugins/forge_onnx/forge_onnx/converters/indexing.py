@@ -117,3 +117,7 @@ CONVERTERS = {
     "GatherND": _coordinates("GatherND", True),
     "ScatterND": _coordinates("ScatterND", False),
 }
+
+# onnxruntime's com.microsoft GatherND (the contrib op that ONNX's predates: no batch_dims), which TVM converts as
+# ONNX's, and onnxruntime checks the same way ("invalid index found").
+MICROSOFT_CONVERTERS = {"GatherND": _coordinates("GatherND", False)}
