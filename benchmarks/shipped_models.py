@@ -328,17 +328,24 @@ def as_double(model: Any) -> Any:
 
 def _float64_arbiter(path: Path) -> Callable[[dict], list | None]:
     """The model run in float64 by onnxruntime, for a mismatch's inputs: which of Forge and onnxruntime is nearer
-    the exact values (None where the float64 copy does not run: an op without a double kernel)."""
+    the exact values (None where the float64 copy does not run: an op without a double kernel). The copy and its
+    session are made once, at the model's first mismatch."""
+    session: list = []  # [] before the first call; then [the session], or [None] where the copy does not load
+
     def exact(arrays: dict) -> list | None:
         import numpy as np
         import onnx
         import onnxruntime as ort
 
         try:
-            double = as_double(onnx.load(str(path)))
-            session = ort.InferenceSession(double.SerializeToString(), providers=["CPUExecutionProvider"])
-            return session.run(None, {n: a.astype(np.float64) if a.dtype == np.float32 else a
-                                      for n, a in arrays.items()})
+            if not session:
+                session.append(None)
+                double = as_double(onnx.load(str(path)))
+                session[0] = ort.InferenceSession(double.SerializeToString(), providers=["CPUExecutionProvider"])
+            if session[0] is None:
+                return None
+            return session[0].run(None, {n: a.astype(np.float64) if a.dtype == np.float32 else a
+                                         for n, a in arrays.items()})
         except Exception:  # noqa: BLE001 - no float64 verdict for this model
             return None
 

@@ -53,6 +53,18 @@ def emit_index_check(bb: relax.BlockBuilder, indices: relax.Expr, extents: list[
                                            f"the extent of {where} ({reference} refuses such indices too)"))
 
 
+def _dims(data: relax.Expr) -> list[Any] | None:
+    """The dims of a tensor whose shape Relax knows, else None."""
+    ty = data.ty
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    return list(ty.shape.values)
+
+
+def _text(dims: list[Any]) -> str:
+    return "(" + ", ".join(str(int(d.value)) if isinstance(d, tirx.IntImm) else str(d) for d in dims) + ")"
+
+
 @relax.expr_functor.mutator
 class _CheckTakes(relax.PyExprMutator):
     def __init__(self, mod: tvm.IRModule, framework: str) -> None:
@@ -69,12 +81,9 @@ class _CheckTakes(relax.PyExprMutator):
         if not isinstance(call, relax.Call) or not call.op.same_as(self.take) or str(call.attrs.mode) != "fast":
             return call
         data, indices = call.args
-        if isinstance(indices, tvm.ir.GenericConst):
+        dims = _dims(data)
+        if isinstance(indices, tvm.ir.GenericConst) or dims is None:
             return call
-        ty = data.ty
-        if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
-            return call
-        dims = list(ty.shape.values)
         if call.attrs.axis is None:
             extent = tirx.IntImm("int64", 1)
             for dim in dims:
@@ -86,34 +95,29 @@ class _CheckTakes(relax.PyExprMutator):
             if not 0 <= axis < len(dims):
                 return call
             extent, where = dims[axis], f"axis {axis}"
-        shape = "(" + ", ".join(str(int(d.value)) if isinstance(d, tirx.IntImm) else str(d) for d in dims) + ")"
-        emit_index_check(self.builder_, indices, [extent], label=f"a lookup (take) into a tensor of shape {shape}",
-                         where=where, reference=self.framework)
+        emit_index_check(self.builder_, indices, [extent], where=where, reference=self.framework,
+                         label=f"a lookup (take) into a tensor of shape {_text(dims)}")
         self.changed = True
         return call
-
 
     def _check_index_tensor(self, call: relax.Call) -> relax.Expr:
         """``index_tensor(data, (i0, i1, ...))`` (``t[i, j]``: ``ik`` indexes axis ``k``, the importer has
         normalized its negative indices): each ``ik`` that is not a constant checked against ``[0, n_k)``."""
         data, indices = call.args
-        ty = data.ty
-        if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        dims = _dims(data)
+        if dims is None:
             return call
-        dims = list(ty.shape.values)
         if isinstance(indices, relax.Tuple):
             fields = list(indices.fields)
         elif isinstance(indices.ty, relax.TupleType):
             fields = [relax.TupleGetItem(indices, k) for k in range(len(indices.ty.fields))]
         else:
             return call
-        shape = "(" + ", ".join(str(int(d.value)) if isinstance(d, tirx.IntImm) else str(d) for d in dims) + ")"
         for axis, field in enumerate(fields[:len(dims)]):
             if isinstance(field, tvm.ir.GenericConst):
                 continue
-            emit_index_check(self.builder_, field, [dims[axis]],
-                             label=f"an index (index_tensor) into a tensor of shape {shape}", where=f"axis {axis}",
-                             reference=self.framework)
+            emit_index_check(self.builder_, field, [dims[axis]], where=f"axis {axis}", reference=self.framework,
+                             label=f"an index (index_tensor) into a tensor of shape {_text(dims)}")
             self.changed = True
         return call
 

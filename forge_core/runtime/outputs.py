@@ -13,6 +13,7 @@ returned never share memory with the VM or with an input.
 from __future__ import annotations
 
 import ctypes
+import functools
 from typing import Any
 
 import numpy as np
@@ -52,8 +53,9 @@ def to_device(array: np.ndarray, device: Any) -> Any:
     return tvm_ffi.from_dlpack(array)
 
 
+@functools.cache
 def _runtime_function(name: str) -> Any:
-    """One of TVM's runtime library functions (``tvm.runtime._ffi_api``'s), through ``tvm_ffi``."""
+    """One of TVM's runtime library functions (``tvm.runtime._ffi_api``'s), through ``tvm_ffi``, looked up once."""
     return tvm_ffi.get_global_func(f"runtime.{name}")
 
 
