@@ -58,6 +58,45 @@ def test_a_fresh_module_reuses_the_database(tuned, tmp_path, caplog):
     assert any("Tuned" in r.getMessage() for r in caplog.records)
 
 
+class _TimingOutBuilder:
+    """The real builder, except that the first ``times`` builds of the first default time out (as builds did
+    on a loaded CI machine)."""
+
+    def __init__(self, builder, times):
+        self.builder, self.times = builder, times
+
+    def build(self, inputs):
+        from tvm.s_tir import meta_schedule as ms
+
+        results = list(self.builder.build(inputs))
+        if self.times:
+            self.times -= 1
+            results[0] = ms.builder.BuilderResult(None, "LocalBuilder: Timeout, killed after 30.0 seconds\n")
+        return results
+
+
+@pytest.mark.parametrize("times", [1, 2])
+def test_a_default_that_fails_to_build_is_measured_again_then_reported(tmp_path, monkeypatch, caplog, times):
+    """A default schedule whose build timed out once is built again and seeds the database (the search had given
+    such a task no candidate: no record, on CI); one that fails twice is counted, named and logged."""
+    from forge_core.tuning import session
+
+    make_builder = session.make_builder
+    monkeypatch.setattr(session, "make_builder", lambda *a: _TimingOutBuilder(make_builder(*a), times))
+    ir = forge.from_onnx(conv_bn_net(seed=2, channels=8))
+    with caplog.at_level(logging.WARNING, logger="forge"):
+        report = ir.tune(work_dir=tmp_path / "db", trials=0, progress=False)
+    failed = [task for task in report.tasks if task.default_ms is None]
+    if times == 1:
+        assert not failed and report.failed == 0 and report.records == len(report.tasks)
+        assert not [r for r in caplog.records if "failed to build or run" in r.getMessage()]
+    else:
+        assert len(failed) == 1 and report.failed == 1 and "Timeout" in report.first_failure
+        assert "1 candidates failed" in report.summary() and report.records == len(report.tasks) - 1
+        (warning,) = [r.getMessage() for r in caplog.records if "failed to build or run" in r.getMessage()]
+        assert failed[0].name in warning and "Timeout" in warning
+
+
 @pytest.mark.parametrize("target", ["llvm", "llvm -mcpu=x86-64-v3 -num-cores=2"])
 def test_tuning_a_quantized_model_keeps_onnxruntimes_int8_numbers(tmp_path, caplog, monkeypatch, target):
     """onnxruntime's QDQ model of a conv net: its integer kernels (the integer rules' schedules seed the
@@ -76,7 +115,7 @@ def test_tuning_a_quantized_model_keeps_onnxruntimes_int8_numbers(tmp_path, capl
     monkeypatch.setenv("FORGE_INT8_LOWERING", "integer")  # integer kernels on any CPU (without AVX2: float32 else)
     ir = forge.from_onnx(path)
     report = ir.tune(target=target, work_dir=tmp_path / "db", trials=4, time_budget=300, progress=False)
-    assert report.tasks and all(task.best_ms is not None for task in report.tasks)
+    assert report.tasks and all(task.best_ms is not None for task in report.tasks), report.summary()
     with caplog.at_level(logging.INFO, logger="forge"):
         ir.compile(target=target, output_path=str(tmp_path / "q"))
     messages = [r.getMessage() for r in caplog.records]

@@ -183,44 +183,67 @@ def _replays(func: tirx.PrimFunc, sch: s_tir.Schedule) -> bool:
 
 
 def _seed_defaults(tasks: list[Any], target: tvm.target.Target, database: Any, builder: Any,
-                   runner: Any) -> tuple[dict[str, float], list[str]]:
+                   runner: Any) -> tuple[dict[str, float], list[str], dict[str, str]]:
     """Measure Forge's default schedule of each task and commit it to ``database``: the milliseconds of each
-    task measured, and the tasks whose default cannot be a record (its trace does not replay, see
-    :func:`_replays`), which are not to be tuned."""
+    task measured, the tasks whose default cannot be a record (its trace does not replay, see
+    :func:`_replays`), which are not to be tuned, and the error of each default that failed to build or run.
+
+    A default that fails is measured once more: a build or run that timed out on a loaded machine left its
+    task without a record, and the search, with nothing to start from, gave that task no candidate at all.
+    """
     rules = default_rules()
-    schedules, inputs, names, rebuilt = [], [], [], []
+    schedules = {}
+    rebuilt = []
     with target:
         for task in tasks:
             func = task.dispatched[0]["main"]
             chosen = first_schedule(func, target, rules, task.task_name)
             if chosen is None:
                 continue
-            sch = chosen[1]
-            if not _replays(func, sch):
+            if not _replays(func, chosen[1]):
                 rebuilt.append(task.task_name)
                 continue
-            schedules.append(sch)
-            names.append(task.task_name)
-            inputs.append(ms.builder.BuilderInput(sch.mod, target))
-    built = builder.build(inputs) if inputs else []
+            schedules[task.task_name] = (task, chosen[1])
     measured: dict[str, float] = {}
+    errors: dict[str, str] = {}
+    for _ in range(2):
+        pending = [name for name in schedules if name not in measured]
+        if not pending:
+            break
+        errors = _measure_defaults({name: schedules[name] for name in pending}, target, database, builder,
+                                   runner, measured)
+    for name, error in errors.items():
+        logger.warning("tuning: the default schedule of task %s failed to build or run twice, the last time "
+                       "with: %s; the search starts that task from nothing", name, error)
+    return measured, rebuilt, errors
+
+
+def _measure_defaults(schedules: dict[str, tuple[Any, Any]], target: tvm.target.Target, database: Any,
+                      builder: Any, runner: Any, measured: dict[str, float]) -> dict[str, str]:
+    """Build and run each default schedule, commit each measured one's record and its milliseconds to
+    ``measured``; returns the error of each that failed."""
+    names = list(schedules)
+    built = builder.build([ms.builder.BuilderInput(schedules[name][1].mod, target) for name in names])
+    errors: dict[str, str] = {}
     runner_inputs, ready = [], []
-    for sch, name, result in zip(schedules, names, built):
-        if result.error_msg is None:
-            args_info = ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True)
-            runner_inputs.append(ms.runner.RunnerInput(result.artifact_path, "cpu", args_info))
-            ready.append((sch, name, args_info))
-    for (sch, name, args_info), future in zip(ready, runner.run(runner_inputs) if runner_inputs else []):
+    for name, result in zip(names, built):
+        if result.error_msg is not None:
+            errors[name] = _first_line(str(result.error_msg))
+            continue
+        args_info = ms.arg_info.ArgInfo.from_entry_func(schedules[name][1].mod, remove_preproc=True)
+        runner_inputs.append(ms.runner.RunnerInput(result.artifact_path, "cpu", args_info))
+        ready.append((name, args_info))
+    for (name, args_info), future in zip(ready, runner.run(runner_inputs) if runner_inputs else []):
         result = future.result()
         secs = _run_secs(result)
         if secs is None:
+            errors[name] = _first_line(str(result.error_msg or "no time measured"))
             continue
-        workload = database.commit_workload(tasks[names.index(name)].dispatched[0])
-        database.commit_tuning_record(
-            ms.database.TuningRecord(sch.trace, workload, [secs], target, args_info)
-        )
+        task, sch = schedules[name]
+        workload = database.commit_workload(task.dispatched[0])
+        database.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, [secs], target, args_info))
         measured[name] = secs * 1000
-    return measured, rebuilt
+    return errors
 
 
 def search_strategy(trials_per_task: int) -> Any:
@@ -395,7 +418,7 @@ def _tune_into(ir: ModuleParts, tvm_target: tvm.target.Target, directory: Path, 
     runner = make_runner(remote, workers)
     if progress is not None:
         progress(0, trials, "measuring the default schedules")
-    defaults, kept = _seed_defaults(extracted, tvm_target, database, builder, runner)
+    defaults, kept, default_errors = _seed_defaults(extracted, tvm_target, database, builder, runner)
     if kept:
         logger.info("%d tasks keep Forge's default schedule (its rule rebuilds the function, which a MetaSchedule "
                     "trace cannot express): %s", len(kept), ", ".join(kept))
@@ -403,6 +426,8 @@ def _tune_into(ir: ModuleParts, tvm_target: tvm.target.Target, directory: Path, 
     logger.info("%d tunable tasks", len(extracted))
 
     callback = _BudgetAndProgress(started + time_budget if time_budget else None, trials, progress)
+    callback.failed = len(default_errors)
+    callback.first_failure = next(iter(default_errors.values()), None)
     if trials > 0 and extracted:
         _search(extracted, directory, trials=trials, trials_per_task=trials_per_task, builder=builder,
                 runner=runner, database=database, callback=callback)
