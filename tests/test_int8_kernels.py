@@ -196,6 +196,7 @@ MATMUL_CASES = [
     ((2, 7, 96), 96, 96, "Int8Matmul"),
     ((3, 64), 64, 40, "Int8Matmul"),  # 8-lane accumulators
     ((3, 64), 64, 36, None),  # N not a multiple of 8: the generic rule
+    ((2, 1040, 516), 516, 48, "Int8Matmul"),  # 536 KB of activations: two row blocks (blocks.ROW_BLOCK_BYTES)
 ]
 
 
@@ -312,7 +313,19 @@ WIDENED_CASES = [
     ("conv2d", (8, 20, 6, 6, 1, 1, 0, None)),  # 8 does not divide F: the generic rule
     ("matmul", ((33, 64), 64, 40, "Int8Matmul")),  # 33 rows: a tile of 11
     ("matmul", ((2, 7, 96), 96, 96, "Int8Matmul")),
+    ("matmul", ((300, 1000), 1000, 24, "Int8Matmul")),  # 600 KB widened: two row blocks of 150
 ]
+
+
+def test_a_matmul_whose_activations_outgrow_l2_is_cut_into_row_blocks():
+    """The row blocks of the cases above: each weight panel is loaded once a block, the block's activations
+    within ``ROW_BLOCK_BYTES``, and every block a whole number of register tiles."""
+    from forge_core.schedules.blocks import ROW_BLOCK_BYTES, row_block as _row_block
+
+    assert _row_block(1040, 13, 516) == 520 and 520 * 516 <= ROW_BLOCK_BYTES < 1040 * 516
+    assert _row_block(300, 6, 2000) == 150
+    assert _row_block(128, 4, 768) == 128 and _row_block(128, 4, 3072) == 128  # BERT-6: one block
+    assert _row_block(7, 7, 10**7) == 7  # a tile's rows at least
 
 
 @pytest.mark.parametrize("op,case,kind", [

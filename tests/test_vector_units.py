@@ -136,6 +136,8 @@ CASES = {
     "matmul-4x2-no-epilogue": (lambda: _dense(64, 32, 64, bias=False), "Matmul"),
     # rows only 6 divides, 5 vectors of columns
     "matmul-6-rows-odd": (lambda: _dense(18, 20, 40, bias=True), "Matmul"),
+    # 520 rows x 260 x 4 bytes (528 KB): row blocks (blocks.row_block), 2 on AVX2, 5 on AVX-512; bias
+    "matmul-row-blocks-bias": (lambda: _dense(520, 260, 48, bias=True), "Matmul"),
     # a classifier at batch 1 (GEMV): a row of 5 vectors, each its own register on AVX2
     "matmul-gemv-5-vectors": (lambda: _dense(1, 64, 200, bias=True), "Matmul"),
 }

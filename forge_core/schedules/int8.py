@@ -59,7 +59,9 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight
 
 from forge_core.schedules import dot_intrinsics
-from forge_core.schedules.blocks import blocks, extent, is_static, iter_kinds, largest_divisor, name_of, producer
+from forge_core.schedules.blocks import (
+    blocks, extent, is_static, iter_kinds, largest_divisor, name_of, producer, row_block,
+)
 from forge_core.schedules.conv2d import PREPACK
 from forge_core.schedules.epilogue import (
     attach_epilogue, inline_side_inputs, parallel_vectorized, split_epilogue, vectorize_write_back,
@@ -227,11 +229,15 @@ class Int8Matmul(dlight.ScheduleRule):
         i_outer, i_inner = sch.split(i, [None, mt])
         j_outer, j_vectors, j_lanes = sch.split(j, [None, vectors, lanes])
         k_outer, k_inner = sch.split(k, [None, unit])
-        sch.reorder(*batch, i_outer, j_outer, k_outer, i_inner, j_vectors, j_lanes, k_inner)
+        # Rows in blocks whose activations stay in L2 (``ROW_BLOCK_BYTES``); in a block, each weight panel
+        # (``vectors`` x ``lanes`` columns) is loaded once for all of the block's rows.
+        block = row_block(rows, mt, depth * (2 if dot.widened is not None else 1))
+        i_block, i_outer = sch.split(i_outer, [None, block // mt])
+        sch.reorder(*batch, i_block, j_outer, i_outer, k_outer, i_inner, j_vectors, j_lanes, k_inner)
         writer = attach_epilogue(sch, mm, epilogue)
-        sch.reverse_compute_at(writer, j_outer)
+        sch.reverse_compute_at(writer, i_outer)
         vectorize_tail(sch, writer)
-        sch.parallel(sch.fuse(*batch, i_outer, j_outer))
+        sch.parallel(sch.fuse(*batch, i_block, j_outer, i_outer))
         sch.unroll(i_inner)
         sch.unroll(j_vectors)
         sch.decompose_reduction(mm, k_outer)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from tvm import s_tir, tirx
+from tvm import DataType, s_tir, tirx
 from tvm.s_tir import dlight
 
 from forge_core.schedules.blocks import (blocks, extent, is_static, iter_kinds, largest_divisor, name_of,
-                                         vector_unit, vectorize_by_registers)
+                                         row_block, vector_unit, vectorize_by_registers)
 from forge_core.schedules.conv2d import PREPACK
 from forge_core.schedules.epilogue import attach_epilogue, split_epilogue, vectorize_write_back
 
@@ -68,12 +68,15 @@ class Matmul(dlight.ScheduleRule):
             sch.annotate(repack, PREPACK, True)
         i_outer, i_inner = sch.split(i, [None, mt])
         j_outer, j_inner = sch.split(j, [None, nt])
-        sch.reorder(*batch, i_outer, j_outer, k, i_inner, j_inner)
+        # Row blocks, then weight panels, then the block's tiles (see row_block).
+        block = row_block(rows, mt, extent(sch, k) * DataType(dtype).bits // 8)
+        i_block, i_outer = sch.split(i_outer, [None, block // mt])
+        sch.reorder(*batch, i_block, j_outer, i_outer, k, i_inner, j_inner)
         writer = attach_epilogue(sch, mm, epilogue)
-        sch.reverse_compute_at(writer, j_outer)
+        sch.reverse_compute_at(writer, i_outer)
         if vec > 1:
             vectorize_write_back(sch, writer)
-        sch.parallel(sch.fuse(*batch, i_outer, j_outer))
+        sch.parallel(sch.fuse(*batch, i_block, j_outer, i_outer))
         if unit.registers <= 16 and vec > 1:
             # A classifier's GEMV, 1x1280 by 1280x1000, a row of 5 vectors: 1.00 -> 0.75 ms.
             vectorize_by_registers(sch, j_inner, vec)
