@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import warnings
 
 import numpy as np
@@ -328,8 +329,10 @@ def test_an_in_place_kernel_is_left_to_the_symbolic_path():
 
 def _attention(kind: str) -> tirx.PrimFunc:
     batch, sequence = _variables()
-    q = relax.Var("q", relax.TensorType([batch, 4, sequence, 32], "float32"))
-    k = relax.Var("k", relax.TensorType([batch, 4, 32, sequence], "float32"))
+    depth = int(kind.split("-d")[1]) if "-d" in kind else 32  # the head's width: the reduction of Q @ K^T
+    kind = kind.split("-d")[0]
+    q = relax.Var("q", relax.TensorType([batch, 4, sequence, depth], "float32"))
+    k = relax.Var("k", relax.TensorType([batch, 4, depth, sequence], "float32"))
     if kind == "scores-scaled":  # Q @ K^T / sqrt(d): the columns are the sequence, with an epilogue
         return _fused([q, k], lambda bb, q, k: relax.op.divide(relax.op.matmul(q, k), relax.const(5.65, "float32")))
     if kind == "scores":
@@ -339,13 +342,18 @@ def _attention(kind: str) -> tirx.PrimFunc:
     return _fused([p, v], lambda bb, p, v: relax.op.matmul(p, v))
 
 
-@pytest.mark.parametrize("kind", ["scores-scaled", "scores", "weighted-values"])
+# Q @ K^T's reduction unrolled by 8 (width 32), 4 (12), 2 (6) inside each pass over a row, or not (7)
+@pytest.mark.parametrize("kind", ["scores-scaled", "scores", "weighted-values", "scores-d12", "scores-scaled-d6",
+                                  "scores-d7"])
 def test_the_attention_matmuls_over_a_dynamic_sequence_take_the_dynamic_matmul_rule(kind):
     func = _attention(kind)
     assert row_prefix(func) is None
     scheduled = _schedule(func)
     assert str(scheduled.attrs[RULE_ATTR]) == "DynamicMatmul"
     _check_sizes(func, scheduled, ("batch", "sequence"), [(1, 16), (3, 7), (2, 33), (1, 1)], len(kind))
+    unrolled = re.findall(r"T\.unroll\((?:T\.int64\()?(\d+)", scheduled.script())
+    expected = {"scores-d12": ["4"], "scores-scaled-d6": ["2"], "scores-d7": [], "weighted-values": []}
+    assert unrolled == expected.get(kind, ["8"]), (kind, unrolled)
 
 
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
