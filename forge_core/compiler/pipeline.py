@@ -31,6 +31,7 @@ from forge_core.compiler.c_names import plain_names
 from forge_core.compiler.run_checks import portable_run_checks
 from forge_core.compiler.options import CompileOptions
 from forge_core.compiler.legal_layouts import LegalLayouts
+from forge_core.ir.index_checks import ClampedTakes
 from forge_core import passes as forge_passes  # forge_passes.PassContext: a plugin pass's; tvm.transform.PassContext: TVM's
 from forge_core.quantization.expand import ExpandQuantize
 from forge_core.plugin_manager import get_plugin_manager, schedule_passes
@@ -81,8 +82,9 @@ def _backend_stages(target: tvm.target.Target) -> ModuleType:
 def _legalize_passes(target: tvm.target.Target, opt_level: int) -> list[tvm.transform.Pass]:
     # quantize saturates as ONNX's QuantizeLinear, NaN to the lowest value (forge_core.quantization.expand)
     if target.kind.name != "llvm":
-        return [ExpandQuantize, LegalLayouts, *gpu_legalize_passes()]  # GPU: TVM's dlight schedules
-    passes = [ExpandQuantize, LegalLayouts, relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern()]
+        return [ExpandQuantize, LegalLayouts, ClampedTakes, *gpu_legalize_passes()]  # GPU: TVM's dlight schedules
+    passes = [ExpandQuantize, LegalLayouts, ClampedTakes, relax.transform.LegalizeOps(),
+              relax.transform.AnnotateTIROpPattern()]
     if opt_level >= 2:
         passes.append(relax.transform.FoldConstant())
     return passes + [relax.transform.FuseOps(), relax.transform.FuseTIR()]

@@ -24,6 +24,7 @@ import tvm
 from tvm import relax
 
 from forge_core.graph.index import _handle
+from forge_core.ir.index_checks import clamped_takes
 from forge_core.passes import map_bindings, replace_functions
 
 _FLOAT = frozenset({"float16", "float32", "float64"})
@@ -202,5 +203,8 @@ def _held(mod: tvm.IRModule, hold: bool) -> tvm.IRModule:
 
 
 def fold_constant(mod: tvm.IRModule) -> tvm.IRModule:
-    """Relax's ``FoldConstant`` on a module of Relax operators, with the calls it would break held out of it."""
-    return relax.transform.Normalize()(_held(relax.transform.FoldConstant()(_held(mod, True)), False))
+    """Relax's ``FoldConstant`` on a module of Relax operators, with the calls it would break held out of it.
+
+    Its takes are bounded first (:func:`~forge_core.ir.index_checks.clamped_takes`): ``FoldConstant`` lowers
+    every call it meets, and TVM logged "fast mode segfaults" for each lookup of every imported model."""
+    return relax.transform.Normalize()(_held(relax.transform.FoldConstant()(_held(clamped_takes(mod), True)), False))

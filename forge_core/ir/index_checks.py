@@ -130,3 +130,38 @@ def check_takes(mod: tvm.IRModule, framework: str) -> tvm.IRModule:
     """
     return mutate_functions(mod, lambda m: _CheckTakes(m, framework), lambda body: relax.Function(
         body.params, body.body, body.ret_ty, is_pure=False, attrs=body.attrs, span=body.span))
+
+
+@relax.expr_functor.mutator
+class _ClampedTakes(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule) -> None:
+        super().__init__(mod)
+        self.take = tvm.ir.Op.get("relax.take")
+        self.changed = False
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: D102 - ExprMutator's hook
+        call = super().visit_call_(call)
+        if not isinstance(call, relax.Call) or not call.op.same_as(self.take) or str(call.attrs.mode) != "fast":
+            return call
+        self.changed = True
+        data, indices = call.args
+        return relax.op.take(data, indices, axis=call.attrs.axis, mode="clip")
+
+
+def clamped_takes(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with every ``take`` in TVM's "fast" mode taken in "clip" mode, as it is legalized.
+
+    The importers ask for "fast" (no bound in the kernel), and Forge checks every index that is not a constant
+    when the model runs (:func:`check_takes`, :func:`emit_index_check`), after the frontend has made negative
+    indices positive: every index a take then reads lies in ``[0, n)``, where "clip" reads the same element.
+    So the values do not change; an index that no check covers reads the nearest edge rather than other memory;
+    and TVM no longer logs, at every compile of a model with a lookup, that "fast mode segfaults when there are
+    out-of-bounds indices", which Forge's checks make untrue. Its cost: a min and a max per element read.
+    """
+    return mutate_functions(mod, _ClampedTakes)
+
+
+@tvm.transform.module_pass(opt_level=0, name="forge_clamped_takes")
+def ClampedTakes(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:  # noqa: N802 (TVM's style)
+    """:func:`clamped_takes` as a TVM pass."""
+    return clamped_takes(mod)

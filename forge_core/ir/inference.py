@@ -72,13 +72,15 @@ def reference_pipeline(target: tvm.target.Target) -> tvm.transform.Pass:
 
 def prepare(mod: tvm.IRModule) -> tvm.IRModule:
     """What TVM builds for the inference function: external codegens run, quantization expanded to arithmetic,
-    layouts TVM's legalization handles, names every code generator accepts."""
+    layouts TVM's legalization handles, takes bounded (:func:`~forge_core.ir.index_checks.clamped_takes`), names
+    every code generator accepts."""
     from forge_core.compiler.c_names import plain_names
     from forge_core.compiler.external import run_external_codegens
     from forge_core.compiler.legal_layouts import legal_layouts
+    from forge_core.ir.index_checks import clamped_takes
     from forge_core.quantization.expand import expand_quantize
 
-    return plain_names(legal_layouts(expand_quantize(run_external_codegens(mod))))
+    return plain_names(clamped_takes(legal_layouts(expand_quantize(run_external_codegens(mod)))))
 
 
 def build_inference_function(mod: tvm.IRModule | Any, target: tvm.target.Target, inputs: Sequence[TensorSpec],
