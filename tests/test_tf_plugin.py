@@ -463,21 +463,6 @@ def test_a_model_built_for_one_batch_size_is_not_made_dynamic_silently(caplog):
     assert ir.output_shapes == [(1, 2)]
 
 
-def _reference_interpreter(data: bytes):
-    """TFLite's reference kernels (``BUILTIN_REF``), without XNNPACK, which the default interpreter runs."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        interpreter = tf.lite.Interpreter(
-            model_content=data, experimental_op_resolver_type=tf.lite.experimental.OpResolverType.BUILTIN_REF)
-    interpreter.allocate_tensors()
-
-    def run(x):
-        interpreter.set_tensor(interpreter.get_input_details()[0]["index"], x)
-        interpreter.invoke()
-        return [interpreter.get_tensor(o["index"]) for o in interpreter.get_output_details()]
-    return run
-
-
 @pytest.mark.parametrize("io_dtype", ["int8", "uint8", "float32"])
 def test_quantized_tflite_matches_the_interpreter_within_tflites_own_rounding(io_dtype):
     """Full-integer post-training quantization (representative dataset): int8 compute with int8, uint8 or
@@ -492,7 +477,7 @@ def test_quantized_tflite_matches_the_interpreter_within_tflites_own_rounding(io
     model = tf_models.residual_cnn(seed=13)
     data = tf_models.quantized_tflite(model, io_dtype)
     interpreter = Interpreter(data)
-    reference = _reference_interpreter(data)
+    reference = Interpreter(data, reference=True)
     ir = forge.from_tflite(data)
     assert ir.is_quantized
     assert ir.input_dtypes == [io_dtype] and ir.output_dtypes == [io_dtype, io_dtype]

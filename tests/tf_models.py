@@ -188,12 +188,15 @@ def quantized_tflite(model: keras.Model, io_dtype: str, seed: int = 10) -> bytes
 
 
 class Interpreter:
-    """tf.lite.Interpreter run on one input; resizes it for other batch sizes."""
+    """tf.lite.Interpreter run on one input; resizes it for other batch sizes. ``reference``: TFLite's reference
+    kernels (``BUILTIN_REF``), not the XNNPACK kernels the interpreter runs by default."""
 
-    def __init__(self, model: bytes) -> None:
+    def __init__(self, model: bytes, reference: bool = False) -> None:
+        resolver = tf.lite.experimental.OpResolverType
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # tf.lite.Interpreter's deprecation notice (LiteRT)
-            self._interpreter = tf.lite.Interpreter(model_content=model)
+            self._interpreter = tf.lite.Interpreter(
+                model_content=model, experimental_op_resolver_type=resolver.BUILTIN_REF if reference else resolver.AUTO)
         self._interpreter.allocate_tensors()
         self.input = self._interpreter.get_input_details()[0]
         self.outputs = self._interpreter.get_output_details()

@@ -81,10 +81,10 @@ def _backend_stages(target: tvm.target.Target) -> ModuleType:
 
 def _legalize_passes(target: tvm.target.Target, opt_level: int) -> list[tvm.transform.Pass]:
     # quantize saturates as ONNX's QuantizeLinear, NaN to the lowest value (forge_core.quantization.expand)
+    before = [ExpandQuantize, LegalLayouts, ClampedTakes]
     if target.kind.name != "llvm":
-        return [ExpandQuantize, LegalLayouts, ClampedTakes, *gpu_legalize_passes()]  # GPU: TVM's dlight schedules
-    passes = [ExpandQuantize, LegalLayouts, ClampedTakes, relax.transform.LegalizeOps(),
-              relax.transform.AnnotateTIROpPattern()]
+        return [*before, *gpu_legalize_passes()]  # GPU: TVM's dlight schedules
+    passes = [*before, relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern()]
     if opt_level >= 2:
         passes.append(relax.transform.FoldConstant())
     return passes + [relax.transform.FuseOps(), relax.transform.FuseTIR()]
