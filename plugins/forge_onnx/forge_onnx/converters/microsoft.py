@@ -138,9 +138,10 @@ def skip_simplified_layer_normalization(bb: relax.BlockBuilder, inputs: list[Any
     return relax.Tuple(outputs[:context.outputs])
 
 
-def _dequantized_gates(weights: Any, scale: Any, zero_point: Any, name: str, node: str) -> relax.Expr:
+def _integer_gates(weights: Any, scale: Any, zero_point: Any, name: str, node: str) -> tuple[relax.Expr, np.ndarray]:
     """An int8/uint8 weight ``[dirs, rows, 4 * hidden]`` with its scale and zero point (per direction, or per
-    gate row ``[dirs, 4 * hidden]``) as the float ``[dirs, 4 * hidden, rows]`` that LSTM takes."""
+    gate row ``[dirs, 4 * hidden]``): the integers less the zero point as the ``[dirs, 4 * hidden, rows]`` (int32)
+    that LSTM takes, and the scale of each of those rows ``[dirs, 4 * hidden]`` (float32)."""
     values = [constant_value(v) for v in (weights, scale, zero_point)]
     if any(v is None for v in values):
         raise ModelImportError(f"DynamicQuantizeLSTM {node!r}: {name}, its scale and zero point must be constants "
@@ -151,26 +152,30 @@ def _dequantized_gates(weights: Any, scale: Any, zero_point: Any, name: str, nod
             f"DynamicQuantizeLSTM {node!r}: {name} has shape {q.shape} with scale {s.shape} and zero point "
             f"{z.shape}; expected [dirs, rows, 4*hidden] with [dirs] or [dirs, 4*hidden]")
     along = (q.shape[0], 1, 1) if s.ndim == 1 else (q.shape[0], 1, q.shape[2])
-    real = (q.astype(np.float64) - z.astype(np.float64).reshape(along)) * s.astype(np.float64).reshape(along)
-    return relax.const(np.ascontiguousarray(real.astype(np.float32).transpose(0, 2, 1)))
+    centered = q.astype(np.int32) - z.astype(np.int32).reshape(along)
+    scales = np.broadcast_to(s.astype(np.float32).reshape(along[0], along[2]), (q.shape[0], q.shape[2]))
+    return relax.const(np.ascontiguousarray(centered.transpose(0, 2, 1))), np.ascontiguousarray(scales)
 
 
 def dynamic_quantize_lstm(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
                           context: ConverterContext) -> relax.Expr:
     """onnxruntime's ``quantize_dynamic`` of an LSTM: its int8 weights ``W`` and ``R`` (transposed, with their
-    scales and zero points) read as the float weights they stand for, then ONNX's LSTM on them.
+    scales and zero points), computed as onnxruntime's CPU kernel does.
 
-    This is the float LSTM on the quantized weights. onnxruntime's kernel also quantizes ``X`` and each step's
-    hidden state to uint8 on the fly, so its outputs lie about one activation step (1/255 of each one's range)
-    from these.
+    ``X`` (over every step run) and, at every step, each direction's hidden state are quantized to uint8 with
+    the scale and zero point of their range; the products are integer, scaled back to float32; the gates are
+    float32. onnxruntime splits the batch among its threads when it has several rows, each part quantized on
+    its own, so its numbers then change with its thread count: Forge quantizes the whole batch, as onnxruntime
+    on one thread.
     """
-    from forge_onnx.converters.recurrent import lstm
+    from forge_onnx.converters.recurrent import WeightScales, lstm
 
     padded = list(inputs) + [None] * (12 - len(inputs))
     x, w, r, b, lengths, h0, c0, peepholes, w_scale, w_zero, r_scale, r_zero = padded[:12]
-    weights = _dequantized_gates(w, w_scale, w_zero, "W", context.node)
-    recurrence = _dequantized_gates(r, r_scale, r_zero, "R", context.node)
-    return lstm(bb, [x, weights, recurrence, b, lengths, h0, c0, peepholes], attrs, context)
+    weights, w_scales = _integer_gates(w, w_scale, w_zero, "W", context.node)
+    recurrence, r_scales = _integer_gates(r, r_scale, r_zero, "R", context.node)
+    return lstm(bb, [x, weights, recurrence, b, lengths, h0, c0, peepholes], attrs, context,
+                WeightScales(w_scales, r_scales))
 
 
 CONVERTERS = {"FusedConv": fused_conv, "FusedMatMul": fused_matmul, "QuickGelu": quick_gelu,

@@ -20,6 +20,7 @@ float32 and float64 compute in their own type; float16 computes in float32.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -290,13 +291,68 @@ def _projection(bb: relax.BlockBuilder, node: _Node, bias: relax.Expr) -> relax.
     return bb.emit(relax.op.reshape(xw, [node.seq, node.batch, cell.directions, cell.tiles, cell.gates, LANES]))
 
 
+@dataclass(frozen=True)
+class WeightScales:
+    """A quantized node's weight scales, ``[dirs, gates * hidden]`` constants (per row of ``W`` and ``R``, a
+    per-direction scale repeated): its ``W`` and ``R`` are then integers less their zero points."""
+
+    w: np.ndarray
+    r: np.ndarray
+
+
+def _dynamically_quantized(bb: relax.BlockBuilder, x: relax.Expr, counted: relax.Expr) -> tuple[relax.Expr, ...]:
+    """``x`` in uint8 less its zero point (int32), and its scale: onnxruntime's dynamic quantization, from the
+    range of ``counted`` (zero included), scale ``range / 255``, zero point and values rounded half to even."""
+    from forge_onnx.converters.quantized import round_half_even
+
+    f32 = lambda v: relax.const(v, "float32")  # noqa: E731
+    low = bb.emit(relax.op.minimum(relax.op.min(counted), f32(0.0)))
+    high = bb.emit(relax.op.maximum(relax.op.max(counted), f32(0.0)))
+    scale = bb.emit(relax.op.where(relax.op.equal(high, low), f32(1.0),
+                                   relax.op.divide(relax.op.subtract(high, low), f32(255.0))))
+    zero = round_half_even(bb, bb.emit(relax.op.clip(relax.op.negative(relax.op.divide(low, scale)), 0.0, 255.0)))
+    rounded = round_half_even(bb, bb.emit(relax.op.divide(x, scale)))
+    levels = bb.emit(relax.op.subtract(relax.op.clip(relax.op.add(rounded, zero), 0.0, 255.0), zero))
+    return bb.emit(relax.op.astype(levels, "int32")), scale
+
+
+def _quantized_projection(bb: relax.BlockBuilder, node: _Node, bias: relax.Expr, scales: WeightScales) -> relax.Expr:
+    """:func:`_projection` as onnxruntime's ``DynamicQuantizeLSTM`` computes it: ``X`` quantized over the steps
+    it runs (up to the longest ``sequence_lens``), an int32 product with the integer ``W``, times the scales."""
+    cell = node.cell
+    inputs = _dims(node.x)[2]
+    columns = cell.directions * cell.tiles * cell.gates * LANES
+    w_t = _permuted(bb, _reshaped(bb, _tiled(bb, node.w, cell, cell.gates), [columns, inputs]), [1, 0])
+    w_t = _apply(bb, [w_t], lambda a: a.astype("int32"), lambda e: relax.op.astype(e, "int32"))
+    counted = node.x
+    if node.lengths is not None:  # steps past every row's length are not quantized (zeros leave the range as is)
+        steps = relax.op.arange(0, node.seq, 1, "int32")
+        running = relax.op.less(relax.op.reshape(steps, [node.seq, 1, 1]), relax.op.max(node.lengths))
+        counted = bb.emit(relax.op.where(running, node.x, relax.const(0.0, "float32")))
+    levels, scale = _dynamically_quantized(bb, node.x, counted)
+    rows = bb.emit(relax.op.reshape(levels, [node.seq * node.batch, inputs]))
+    product = bb.emit(relax.op.matmul(rows, w_t, out_dtype="int32"))
+    tiled_scales = _reshaped(bb, _tiled(bb, relax.const(scales.w), cell, cell.gates), [columns])
+    xw = bb.emit(relax.op.multiply(relax.op.astype(product, "float32"), relax.op.multiply(scale, tiled_scales)))
+    xw = bb.emit(relax.op.add(xw, _reshaped(bb, _tiled(bb, bias, cell, cell.gates), [columns])))
+    return bb.emit(relax.op.reshape(xw, [node.seq, node.batch, cell.directions, cell.tiles, cell.gates, LANES]))
+
+
 def _convert(bb: relax.BlockBuilder, kind: str, inputs: list[Any], attrs: dict[str, Any],
-             context: ConverterContext) -> relax.Expr:
+             context: ConverterContext, scales: WeightScales | None = None) -> relax.Expr:
     node = _read(bb, kind, inputs, attrs, context)
+    if scales is not None:
+        node.cell = dataclasses.replace(node.cell, quantized=True)
     cell = node.cell
     bias, h_bias = _biases(bb, node)
     # R^T tiled: [dirs, tiles, gates, LANES, hidden] -> [dirs, tiles, hidden, gates, LANES]
-    args = [_projection(bb, node, bias), _permuted(bb, _tiled(bb, node.r, cell, cell.gates), [0, 1, 4, 2, 3])]
+    r_t = _permuted(bb, _tiled(bb, node.r, cell, cell.gates), [0, 1, 4, 2, 3])
+    if scales is None:
+        args = [_projection(bb, node, bias), r_t]
+    else:
+        args = [_quantized_projection(bb, node, bias, scales),
+                _apply(bb, [r_t], lambda a: a.astype("int32"), lambda e: relax.op.astype(e, "int32")),
+                _tiled(bb, relax.const(scales.r), cell, cell.gates)]
     if h_bias is not None:
         args.append(_reshaped(bb, _tiled(bb, h_bias, cell, 1), [cell.directions, cell.tiles, LANES]))
     if node.peepholes is not None:  # [dirs, 3 * hidden] -> [dirs, 3, tiles, LANES]
@@ -326,9 +382,15 @@ def gru(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], contex
     return _convert(bb, "gru", inputs, attrs, context)
 
 
-def lstm(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], context: ConverterContext) -> relax.Expr:
-    """LSTM with gates i, o, f, c; peepholes and ``input_forget`` as specified."""
-    return _convert(bb, "lstm", inputs, attrs, context)
+def lstm(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], context: ConverterContext,
+         scales: WeightScales | None = None) -> relax.Expr:
+    """LSTM with gates i, o, f, c; peepholes and ``input_forget`` as specified.
+
+    With ``scales``, ``W`` and ``R`` are int8 weights less their zero points (any integer type) and the node
+    computes as onnxruntime's ``DynamicQuantizeLSTM``: ``X`` and each step's hidden state quantized to uint8 on
+    the fly, integer products scaled back to float32.
+    """
+    return _convert(bb, "lstm", inputs, attrs, context, scales)
 
 
 CONVERTERS = {"RNN": rnn, "GRU": gru, "LSTM": lstm}

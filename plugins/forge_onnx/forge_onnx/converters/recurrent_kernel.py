@@ -17,6 +17,10 @@ Layouts (``T = ceil(hidden / LANES)`` tiles, ``G`` gates in ONNX's order, ``V = 
 * ``lengths``: ``[batch]`` int32; ``h0``, ``c0``: ``[dirs, batch, hidden]``;
 * outputs ``y`` ``[seq, dirs, batch, hidden]``, ``y_h`` and (LSTM) ``y_c`` ``[dirs, batch, hidden]``.
 
+A quantized cell (onnxruntime's ``DynamicQuantizeLSTM``) first quantizes each
+direction's state to uint8 at every step, as onnxruntime's kernel does, and
+sums ``H R^T`` in int32 against the integer weights before scaling it back.
+
 With enough work per step the tiles of a step are shared among the threads of
 one parallel region that lasts the whole sequence: a barrier ends each step
 (two for GRU without ``linear_before_reset``, whose candidate gate needs the
@@ -79,12 +83,19 @@ class RecurrentCell:
     initial_c: bool = False
     dtype: str = "float32"
     """``"float32"`` (vectorizable exp/tanh, see ``recurrent_math``) or ``"float64"`` (the C library's)."""
+    quantized: bool = False
+    """onnxruntime's ``DynamicQuantizeLSTM``: at every step each direction's hidden state (all batch rows that are
+    still running) is quantized to uint8 with the scale and zero point of its range, and ``H R^T`` is an integer
+    product against the int8 weights, scaled back (``r`` holds the weights less their zero point, as int32, and
+    ``r_scale`` their scales). float32 LSTM only."""
 
     def __post_init__(self) -> None:
         if self.kind not in GATES:
             raise OptionError(f"unknown recurrent cell {self.kind!r}")
         if self.dtype not in ("float32", "float64"):
             raise OptionError(f"recurrent kernels compute in float32 or float64, not {self.dtype}")
+        if self.quantized and (self.kind != "lstm" or self.dtype != "float32"):
+            raise OptionError(f"a quantized recurrent kernel is a float32 LSTM, not {self.dtype} {self.kind}")
         if len(self.activations) != self.directions:
             raise OptionError("one tuple of activations per direction")
         if not self.static:
@@ -134,7 +145,8 @@ class RecurrentCell:
 
     @property
     def input_shapes(self) -> list[tuple[Any, ...]]:
-        """Shapes of the kernel's inputs in order (all float32 but ``lengths``, int32); None for a dynamic dim."""
+        """Shapes of the kernel's inputs in order (all of the cell's type but ``lengths`` and a quantized cell's
+        ``r``, int32); None for a dynamic dim."""
         return self.input_shapes_for(self.seq, self.batch)
 
     @property
@@ -145,6 +157,8 @@ class RecurrentCell:
         """:attr:`input_shapes` with the sequence length and batch given (expressions where dynamic)."""
         d, t, v, g = self.directions, self.tiles, LANES, self.gates
         shapes = [(seq, batch, d, t, g, v), (d, t, self.hidden, g, v)]
+        if self.quantized:
+            shapes.append((d, t, g, v))
         if self.kind == "gru" and self.linear_before_reset:
             shapes.append((d, t, v))
         if self.peepholes:
@@ -175,7 +189,9 @@ class KernelOptions:
     @classmethod
     def default(cls, cell: RecurrentCell) -> KernelOptions:
         """What the converter emits: a CPU with AVX-512's registers and several cores."""
-        return cls(parallel=cell.directions * cell.tiles >= 2 and cell.work >= PARALLEL_MIN_WORK)
+        # A quantized cell quantizes each step's state before its tiles: one thread runs the steps.
+        return cls(parallel=not cell.quantized and cell.directions * cell.tiles >= 2
+                   and cell.work >= PARALLEL_MIN_WORK)
 
 
 class _Builder:
@@ -194,6 +210,12 @@ class _Builder:
         two_phase = c.kind == "gru" and not c.linear_before_reset
         self.reset = T.alloc_buffer((c.directions, batch, c.padded), c.dtype) if two_phase else None
         self.update = T.alloc_buffer((c.directions, batch, c.padded), c.dtype) if two_phase else None
+        if c.quantized:
+            self.qh = T.alloc_buffer((c.directions, batch, c.hidden), "int32")
+            """The step's hidden state quantized, less its zero point."""
+            self.qparams = T.alloc_buffer((c.directions, 2), "float32")
+            """Per direction: the state's scale and zero point at this step."""
+            self.extent = T.alloc_buffer((2,), "float32")
 
     # --- the whole function -------------------------------------------------------------------------------------
 
@@ -310,12 +332,40 @@ class _Builder:
     def _steps(self) -> None:
         c = self.cell
         with T.serial(self.seq) as s:
+            if c.quantized:
+                self._quantize_state(s)
             if self.reset is not None:
                 self._blocks(2, lambda d, us: self._rows(s, d, us, self._gru_gates_zr, last_phase=False))
                 self._blocks(1, lambda d, us: self._rows(s, d, us, self._gru_candidate))
             else:
                 step = {"rnn": self._rnn, "gru": self._gru_fused, "lstm": self._lstm}[c.kind]
                 self._blocks({"rnn": 1, "gru": 3, "lstm": 4}[c.kind], lambda d, us: self._rows(s, d, us, step))
+
+    def _quantize_state(self, s: Any) -> None:
+        """``qh``: each direction's state at step ``s`` in uint8, less its zero point (onnxruntime's dynamic
+        quantization: the range of every row still running, zero included; scale ``range / 255``, zero point and
+        values rounded half to even). A row past its length counts as zeros, as onnxruntime's output rows do."""
+        c, rne = self.cell, tirx.nearbyint
+        f32 = lambda v: tirx.const(v, "float32")  # noqa: E731
+        cur = s % 2
+        with T.serial(c.directions) as d:
+            for side in (0, 1):
+                T.buffer_store(self.extent, f32(0.0), [side])
+            with T.serial(self.batch) as b, T.serial(c.hidden) as j:
+                value = self.h[cur, d, b, j]
+                if c.lengths:
+                    value = tirx.Select(s <= self._length(b), value, f32(0.0))
+                T.buffer_store(self.extent, tirx.min(self.extent[0], value), [0])
+                T.buffer_store(self.extent, tirx.max(self.extent[1], value), [1])
+            low, high = self.extent[0], self.extent[1]
+            T.buffer_store(self.qparams, tirx.Select(high == low, f32(1.0), (high - low) / f32(255.0)), [d, 0])
+            scale = self.qparams[d, 0]
+            T.buffer_store(self.qparams, rne(tirx.max(tirx.min(f32(0.0) - low / scale, f32(255.0)), f32(0.0))),
+                           [d, 1])
+            zero = self.qparams[d, 1]
+            with T.serial(self.batch) as b, T.serial(c.hidden) as j:
+                q = tirx.max(tirx.min(rne(self.h[cur, d, b, j] / scale) + zero, f32(255.0)), f32(0.0)) - zero
+                T.buffer_store(self.qh, tirx.Cast("int32", q), [d, b, j])
 
     def _rows(self, s: Any, d: Any, us: list[Any], step: Callable[..., None], last_phase: bool = True) -> None:
         """``step(t, s, d, us, b)`` for every batch row, at the time index direction ``d`` reaches at step ``s``.
@@ -392,6 +442,27 @@ class _Builder:
                     self._vector(lambda lane, i=i, u=u, slot=slot, gate=gate: T.buffer_store(
                         acc, acc[i, slot, lane] + hk * r[d, u, k, gate, lane], [i, slot, lane]))
 
+    def _quantized_recurrent(self, acc: Any, gates: list[tuple[int, int]], d: Any, b: Any, us: list[Any]) -> None:
+        """``acc[i, slot] += (sum_k qh[k] R^T[k, gate, us[i]]) * state scale * R's scale``: the sum in int32."""
+        r, r_scale = self.a["r"], self.a["r_scale"]
+        total = T.alloc_buffer((len(us), len(gates), LANES), "int32", scope="local" if self.options.gpu else "global")
+        for i in range(len(us)):
+            for slot, _ in gates:
+                self._vector(lambda lane, i=i, slot=slot: T.buffer_store(total, tirx.const(0, "int32"),
+                                                                         [i, slot, lane]))
+        with T.serial(self.cell.hidden) as k:
+            qk = self.qh[d, b, k]
+            for i, u in enumerate(us):
+                for slot, gate in gates:
+                    self._vector(lambda lane, i=i, u=u, slot=slot, gate=gate: T.buffer_store(
+                        total, total[i, slot, lane] + qk * r[d, u, k, gate, lane], [i, slot, lane]))
+        scale = self.qparams[d, 0]
+        for i, u in enumerate(us):
+            for slot, gate in gates:
+                self._vector(lambda lane, i=i, u=u, slot=slot, gate=gate: T.buffer_store(
+                    acc, acc[i, slot, lane] + tirx.Cast("float32", total[i, slot, lane])
+                    * (scale * r_scale[d, u, gate, lane]), [i, slot, lane]))
+
     def _clipped(self, x: Any) -> Any:
         if self.cell.clip is None:
             return x
@@ -433,7 +504,10 @@ class _Builder:
         acc = self._accumulators(len(us), 4)
         gates = [(0, 0), (1, 1), (2, 2), (3, 3)]
         self._load_projection(acc, t, d, us, b, gates)
-        self._recurrent(acc, gates, self.h, lambda k: [cur, d, b, k], d, us)
+        if self.cell.quantized:
+            self._quantized_recurrent(acc, gates, d, b, us)
+        else:
+            self._recurrent(acc, gates, self.h, lambda k: [cur, d, b, k], d, us)
         for i, u in enumerate(us):
             self._lstm_update(acc, i, s, t, d, u, b)
 
@@ -530,7 +604,7 @@ def build_kernel(cell: RecurrentCell, options: KernelOptions | None = None) -> t
     it names it (several kernels may share a model).
     """
     options = options or KernelOptions.default(cell)
-    names = ["xw", "r"]
+    names = ["xw", "r"] + (["r_scale"] if cell.quantized else [])
     if cell.kind == "gru" and cell.linear_before_reset:
         names.append("rbh")
     if cell.peepholes:
@@ -546,7 +620,8 @@ def build_kernel(cell: RecurrentCell, options: KernelOptions | None = None) -> t
         with T.prim_func(s_tir=True):
             args = {}
             for arg, shape in zip(names, cell.input_shapes_for(seq, batch)):
-                args[arg] = T.arg(arg, T.Buffer(shape, "int32" if arg == "lengths" else cell.dtype))
+                integer = arg == "lengths" or (arg == "r" and cell.quantized)
+                args[arg] = T.arg(arg, T.Buffer(shape, "int32" if integer else cell.dtype))
             for arg, shape in zip(outputs, cell.output_shapes_for(seq, batch)):
                 args[arg] = T.arg(arg, T.Buffer(shape, cell.dtype))
             # Scheduled as written: schedule rules and tuning leave it alone; the compile log names it.
