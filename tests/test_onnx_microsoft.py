@@ -256,6 +256,15 @@ def test_dynamic_quantize_lstm_rounds_ties_to_even(tmp_path):
     assert np.abs(away[0] - want[0]).max() > 1e-4 * float(np.abs(want[0]).max())
 
 
+def test_dynamic_quantize_lstm_builds_for_a_gpu(tmp_path):
+    """On a GPU the quantized kernel runs on one GPU thread, its state and quantization buffers in device memory:
+    nvcc compiles it for sm_90 (no GPU here to run it)."""
+    quantized = _quantized(_lstm_model("bidirectional", hidden=20, features=7, batch="batch", lengths=True),
+                           tmp_path, per_channel=True)
+    forge.from_onnx(quantized).compile(target="cuda -arch=sm_90", output_path=tmp_path / "cuda")
+    assert (tmp_path / "cuda" / "model_library.so").is_file()
+
+
 def test_a_quantized_recurrent_kernel_is_a_float32_lstm_on_one_thread():
     from forge_core.errors import OptionError
     from forge_onnx.converters import recurrent_kernel
