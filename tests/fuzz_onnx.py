@@ -197,6 +197,22 @@ def _helper_models() -> dict[str, onnx.ModelProto]:
     ], [_vi("x", f, [1, 2, 5, 5])], [_vi("y", f, [1, 4, 5, 6])],
         [_init(rng, "w", (4, 2, 3, 3)), _init(rng, "b", (4,)), _init(rng, "m", (6, 5))],
         domains={"com.microsoft": 1})
+    # onnxruntime's quantize_dynamic of an LSTM (converters/microsoft.py): int8 weights, X and the state quantized
+    # to uint8 at run time. A generator of its own: the models after it keep their weights.
+    lstm_rng = np.random.default_rng(23)
+    lstm_weights = [numpy_helper.from_array(lstm_rng.integers(-127, 128, (1, rows, 16)).astype(np.int8), f"{name}_q")
+                    for name, rows in (("w", 3), ("r", 4))]
+    models["quantized_lstm"] = _model("quantized_lstm", [
+        helper.make_node("DynamicQuantizeLSTM", ["x", "w_q", "r_q", "lstm_b", "", "", "", "", "w_scale", "w_zero",
+                                                 "r_scale", "r_zero"], ["y", "y_h", "y_c"], "quantized_lstm",
+                         domain="com.microsoft", hidden_size=4, direction="forward"),
+    ], [_vi("x", f, [5, 1, 3])], [_vi("y", f, [5, 1, 1, 4]), _vi("y_h", f, [1, 1, 4]), _vi("y_c", f, [1, 1, 4])],
+        [*lstm_weights, _init(lstm_rng, "lstm_b", (1, 32)),
+         numpy_helper.from_array(np.array([0.004], np.float32), "w_scale"),
+         numpy_helper.from_array(np.array([0.006], np.float32), "r_scale"),
+         numpy_helper.from_array(np.zeros(1, np.int8), "w_zero"),
+         numpy_helper.from_array(np.zeros(1, np.int8), "r_zero")],
+        domains={"com.microsoft": 1})
     # ONNX's signal operators (converters/signal.py): a speech front end's STFT, then a DFT over frames.
     models["signal"] = _model("signal", [
         helper.make_node("STFT", ["audio", "step", "window"], ["spectrum"], "stft"),
@@ -827,9 +843,11 @@ def _external_data(m: onnx.ModelProto, rng: random.Random, folder: Path) -> Muta
         return None
     tensor = rng.choice(tensors)
     location = rng.choice(["missing.bin", "../../../../../../etc/passwd", "/etc/passwd", "", "short.bin",
-                           "short.bin", folder.name])
+                           "short.bin", "a_folder"])
     if location == "short.bin":
         (folder / location).write_bytes(b"\x00" * 3)
+    elif location == "a_folder":  # a directory where the data file should be (named the same in every workdir)
+        (folder / location).mkdir(exist_ok=True)
     tensor.ClearField("raw_data")
     for field in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data"):
         tensor.ClearField(field)
@@ -1072,6 +1090,14 @@ def _normalized(data: bytes) -> tuple[bytes, int]:
     return model.SerializeToString(), largest
 
 
+def _reference_aborts(data: bytes, feeds: dict[str, np.ndarray]) -> bool:
+    """Whether onnxruntime would end the process on these feeds: its ``DynamicQuantizeLSTM`` kernel calls
+    ``std::terminate`` on an empty batch (onnxruntime 1.31; the model is valid, and Forge returns its empty
+    outputs)."""
+    ops = {node.op_type for node in onnx.load_from_string(data).graph.node}
+    return "DynamicQuantizeLSTM" in ops and any(value.size == 0 for value in feeds.values())
+
+
 def run_case(case: Case) -> str | None:
     """Load the case with ``forge.from_onnx``; when it loads, check it against onnxruntime (see the module doc)."""
     import forge
@@ -1095,6 +1121,10 @@ def run_case(case: Case) -> str | None:
             return None
         feeds = _feeds(session, rng)
         if feeds is None:
+            return None
+        if _reference_aborts(data, feeds):  # Forge alone: it must run (outputs of size zero), not crash
+            note_phase("forge")
+            _as_list(ir.get_inference_function()(*[feeds[spec.name] for spec in ir.input_specs]))
             return None
         try:
             expected = session.run(None, feeds)
