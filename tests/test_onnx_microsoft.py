@@ -265,15 +265,45 @@ def test_dynamic_quantize_lstm_builds_for_a_gpu(tmp_path):
     assert (tmp_path / "cuda" / "model_library.so").is_file()
 
 
-def test_a_quantized_recurrent_kernel_is_a_float32_lstm_on_one_thread():
-    from forge_core.errors import OptionError
-    from forge_onnx.converters import recurrent_kernel
+@pytest.mark.parametrize("sums", ["float32", "int32"])
+@pytest.mark.parametrize("parallel", [False, True], ids=["one-thread", "parallel"])
+def test_dynamic_quantize_lstm_sums_exactly_on_one_thread_or_several(tmp_path, monkeypatch, sums, parallel):
+    """The sums of integer products in float32 where they stay below 2**24 (all of these), else in int32 (forced
+    here); each block of tiles quantizing the state itself, one thread or a step's tiles shared among threads
+    (forced here at 40 hidden units): the same numbers as onnxruntime."""
+    from forge_onnx.converters import recurrent, recurrent_kernel
 
-    big = recurrent_kernel.RecurrentCell("lstm", 4, 8, 512, (False, True), ((),) * 2, quantized=True)
-    assert big.work >= recurrent_kernel.PARALLEL_MIN_WORK
-    assert not recurrent_kernel.KernelOptions.default(big).parallel
+    if sums == "int32":
+        monkeypatch.setattr(recurrent, "EXACT_FLOAT_SUMS", 0)
+    monkeypatch.setattr(recurrent_kernel, "PARALLEL_MIN_WORK", 0 if parallel else 1 << 40)
+    quantized = _quantized(_lstm_model("bidirectional", hidden=40, features=7, seed=5, batch="batch", lengths=True),
+                           tmp_path, per_channel=True)
+    x = (np.random.default_rng(1).standard_normal((9, 3, 7)) * 2).astype("float32")
+    lengths = np.array([5, 7, 2], "int32")
+    ir = forge.from_onnx(quantized)
+    (kernel,) = [f for f in ir.mod.functions.values() if recurrent_kernel.CELL_ATTR in (f.attrs or {})]
+    cell = recurrent_kernel.RecurrentCell.from_json(str(kernel.attrs[recurrent_kernel.CELL_ATTR]))
+    assert cell.quantized == sums
+    assert recurrent_kernel.KernelOptions.default(cell).parallel == parallel
+    ir.compile(output_path=tmp_path / "artifact")
+    want = _run(quantized, x, lengths)
+    original = _run(_lstm_model("bidirectional", hidden=40, features=7, seed=5, batch="batch", lengths=True),
+                    x, lengths)
+    for got in (ir.get_inference_function()(x, lengths), forge.Runtime(tmp_path / "artifact").infer(x, lengths)):
+        _assert_onnxruntimes(got, want, original)
+
+
+def test_the_sums_of_a_quantized_product_are_float32_only_below_2_to_the_24():
+    from forge_core.errors import OptionError
+    from forge_onnx.converters import recurrent, recurrent_kernel
+
+    weights = np.full((1, 8, 4), -127, np.int32)
+    assert recurrent.exact_sums_type(weights, 518) == "float32"  # 518 * 255 * 127 < 2**24
+    assert recurrent.exact_sums_type(weights, 519) == "int32"
     with pytest.raises(OptionError, match="float32 LSTM"):
-        recurrent_kernel.RecurrentCell("gru", 4, 1, 16, (False,), ((),), quantized=True)
+        recurrent_kernel.RecurrentCell("gru", 4, 1, 16, (False,), ((),), quantized="float32")
+    with pytest.raises(OptionError, match="int32 or float32"):
+        recurrent_kernel.RecurrentCell("lstm", 4, 1, 16, (False,), ((),), quantized="int8")
 
 
 @pytest.mark.parametrize(("dtype", "axis"), [(TensorProto.UINT8, None), (TensorProto.INT8, None),

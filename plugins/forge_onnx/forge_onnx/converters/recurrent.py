@@ -291,6 +291,18 @@ def _projection(bb: relax.BlockBuilder, node: _Node, bias: relax.Expr) -> relax.
     return bb.emit(relax.op.reshape(xw, [node.seq, node.batch, cell.directions, cell.tiles, cell.gates, LANES]))
 
 
+EXACT_FLOAT_SUMS = 1 << 24
+"""Integer sums below this are exact in float32: a quantized product whose sums stay below it is computed in
+float32 (the vector unit's multiply-adds, any order of summation), else in int32."""
+
+
+def exact_sums_type(weights: np.ndarray, rows: int) -> str:
+    """``"float32"`` when every sum of ``rows`` products of a uint8 level less its zero point (at most 255 in
+    magnitude) and one of ``weights`` stays below :data:`EXACT_FLOAT_SUMS`, else ``"int32"``."""
+    largest = int(np.abs(weights.astype(np.int64)).max(initial=0))
+    return "float32" if rows * 255 * largest < EXACT_FLOAT_SUMS else "int32"
+
+
 @dataclass(frozen=True)
 class WeightScales:
     """A quantized node's weight scales, ``[dirs, gates * hidden]`` constants (per row of ``W`` and ``R``, a
@@ -301,8 +313,9 @@ class WeightScales:
 
 
 def _dynamically_quantized(bb: relax.BlockBuilder, x: relax.Expr, counted: relax.Expr) -> tuple[relax.Expr, ...]:
-    """``x`` in uint8 less its zero point (int32), and its scale: onnxruntime's dynamic quantization, from the
-    range of ``counted`` (zero included), scale ``range / 255``, zero point and values rounded half to even."""
+    """``x`` in uint8 less its zero point (integers in float32), and its scale: onnxruntime's dynamic
+    quantization, from the range of ``counted`` (zero included), scale ``range / 255``, zero point and values
+    rounded half to even."""
     from forge_onnx.converters.quantized import round_half_even
 
     f32 = lambda v: relax.const(v, "float32")  # noqa: E731
@@ -313,25 +326,26 @@ def _dynamically_quantized(bb: relax.BlockBuilder, x: relax.Expr, counted: relax
     zero = round_half_even(bb, bb.emit(relax.op.clip(relax.op.negative(relax.op.divide(low, scale)), 0.0, 255.0)))
     rounded = round_half_even(bb, bb.emit(relax.op.divide(x, scale)))
     levels = bb.emit(relax.op.subtract(relax.op.clip(relax.op.add(rounded, zero), 0.0, 255.0), zero))
-    return bb.emit(relax.op.astype(levels, "int32")), scale
+    return levels, scale
 
 
 def _quantized_projection(bb: relax.BlockBuilder, node: _Node, bias: relax.Expr, scales: WeightScales) -> relax.Expr:
     """:func:`_projection` as onnxruntime's ``DynamicQuantizeLSTM`` computes it: ``X`` quantized over the steps
-    it runs (up to the longest ``sequence_lens``), an int32 product with the integer ``W``, times the scales."""
+    it runs (up to the longest ``sequence_lens``), an exact product with the integer ``W``, times the scales."""
     cell = node.cell
     inputs = _dims(node.x)[2]
     columns = cell.directions * cell.tiles * cell.gates * LANES
     w_t = _permuted(bb, _reshaped(bb, _tiled(bb, node.w, cell, cell.gates), [columns, inputs]), [1, 0])
-    w_t = _apply(bb, [w_t], lambda a: a.astype("int32"), lambda e: relax.op.astype(e, "int32"))
+    sums = exact_sums_type(constant_value(node.w), inputs)
+    w_t = _apply(bb, [w_t], lambda a: a.astype(sums), lambda e: relax.op.astype(e, sums))
     counted = node.x
     if node.lengths is not None:  # steps past every row's length are not quantized (zeros leave the range as is)
         steps = relax.op.arange(0, node.seq, 1, "int32")
         running = relax.op.less(relax.op.reshape(steps, [node.seq, 1, 1]), relax.op.max(node.lengths))
         counted = bb.emit(relax.op.where(running, node.x, relax.const(0.0, "float32")))
     levels, scale = _dynamically_quantized(bb, node.x, counted)
-    rows = bb.emit(relax.op.reshape(levels, [node.seq * node.batch, inputs]))
-    product = bb.emit(relax.op.matmul(rows, w_t, out_dtype="int32"))
+    rows = bb.emit(relax.op.reshape(relax.op.astype(levels, sums), [node.seq * node.batch, inputs]))
+    product = bb.emit(relax.op.matmul(rows, w_t, out_dtype=sums))
     tiled_scales = _reshaped(bb, _tiled(bb, relax.const(scales.w), cell, cell.gates), [columns])
     xw = bb.emit(relax.op.multiply(relax.op.astype(product, "float32"), relax.op.multiply(scale, tiled_scales)))
     xw = bb.emit(relax.op.add(xw, _reshaped(bb, _tiled(bb, bias, cell, cell.gates), [columns])))
@@ -342,7 +356,8 @@ def _convert(bb: relax.BlockBuilder, kind: str, inputs: list[Any], attrs: dict[s
              context: ConverterContext, scales: WeightScales | None = None) -> relax.Expr:
     node = _read(bb, kind, inputs, attrs, context)
     if scales is not None:
-        node.cell = dataclasses.replace(node.cell, quantized=True)
+        recurrent_weights = constant_value(node.r)
+        node.cell = dataclasses.replace(node.cell, quantized=exact_sums_type(recurrent_weights, node.cell.hidden))
     cell = node.cell
     bias, h_bias = _biases(bb, node)
     # R^T tiled: [dirs, tiles, gates, LANES, hidden] -> [dirs, tiles, hidden, gates, LANES]
@@ -350,8 +365,9 @@ def _convert(bb: relax.BlockBuilder, kind: str, inputs: list[Any], attrs: dict[s
     if scales is None:
         args = [_projection(bb, node, bias), r_t]
     else:
+        sums = cell.quantized
         args = [_quantized_projection(bb, node, bias, scales),
-                _apply(bb, [r_t], lambda a: a.astype("int32"), lambda e: relax.op.astype(e, "int32")),
+                _apply(bb, [r_t], lambda a: a.astype(sums), lambda e: relax.op.astype(e, sums)),
                 _tiled(bb, relax.const(scales.r), cell, cell.gates)]
     if h_bias is not None:
         args.append(_reshaped(bb, _tiled(bb, h_bias, cell, 1), [cell.directions, cell.tiles, LANES]))

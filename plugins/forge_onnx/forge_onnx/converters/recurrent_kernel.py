@@ -17,9 +17,10 @@ Layouts (``T = ceil(hidden / LANES)`` tiles, ``G`` gates in ONNX's order, ``V = 
 * ``lengths``: ``[batch]`` int32; ``h0``, ``c0``: ``[dirs, batch, hidden]``;
 * outputs ``y`` ``[seq, dirs, batch, hidden]``, ``y_h`` and (LSTM) ``y_c`` ``[dirs, batch, hidden]``.
 
-A quantized cell (onnxruntime's ``DynamicQuantizeLSTM``) first quantizes each
-direction's state to uint8 at every step, as onnxruntime's kernel does, and
-sums ``H R^T`` in int32 against the integer weights before scaling it back.
+A quantized cell (onnxruntime's ``DynamicQuantizeLSTM``) quantizes each
+direction's state to uint8 at every step, as onnxruntime's kernel does (each
+block of tiles finds the state's range itself), and sums ``H R^T`` exactly
+against the integer weights before scaling it back.
 
 With enough work per step the tiles of a step are shared among the threads of
 one parallel region that lasts the whole sequence: a barrier ends each step
@@ -83,17 +84,20 @@ class RecurrentCell:
     initial_c: bool = False
     dtype: str = "float32"
     """``"float32"`` (vectorizable exp/tanh, see ``recurrent_math``) or ``"float64"`` (the C library's)."""
-    quantized: bool = False
+    quantized: str | None = None
     """onnxruntime's ``DynamicQuantizeLSTM``: at every step each direction's hidden state (all batch rows that are
-    still running) is quantized to uint8 with the scale and zero point of its range, and ``H R^T`` is an integer
-    product against the int8 weights, scaled back (``r`` holds the weights less their zero point, as int32, and
-    ``r_scale`` their scales). float32 LSTM only."""
+    still running) is quantized to uint8 with the scale and zero point of its range, and ``H R^T`` is a sum of
+    integer products, scaled back (``r`` holds the int8 weights less their zero point, ``r_scale`` their scales).
+    The type of ``r`` and of the sums: ``"int32"``, or ``"float32"`` where every sum stays below 2**24, so that
+    float32 holds it exactly (multiply-adds of the vector unit). float32 LSTM only."""
 
     def __post_init__(self) -> None:
         if self.kind not in GATES:
             raise OptionError(f"unknown recurrent cell {self.kind!r}")
         if self.dtype not in ("float32", "float64"):
             raise OptionError(f"recurrent kernels compute in float32 or float64, not {self.dtype}")
+        if self.quantized not in (None, "int32", "float32"):
+            raise OptionError(f"a quantized recurrent kernel sums in int32 or float32, not {self.quantized}")
         if self.quantized and (self.kind != "lstm" or self.dtype != "float32"):
             raise OptionError(f"a quantized recurrent kernel is a float32 LSTM, not {self.dtype} {self.kind}")
         if len(self.activations) != self.directions:
@@ -145,8 +149,8 @@ class RecurrentCell:
 
     @property
     def input_shapes(self) -> list[tuple[Any, ...]]:
-        """Shapes of the kernel's inputs in order (all of the cell's type but ``lengths`` and a quantized cell's
-        ``r``, int32); None for a dynamic dim."""
+        """Shapes of the kernel's inputs in order (all of the cell's type but ``lengths``, int32, and a quantized
+        cell's ``r``, of :attr:`quantized`); None for a dynamic dim."""
         return self.input_shapes_for(self.seq, self.batch)
 
     @property
@@ -189,9 +193,7 @@ class KernelOptions:
     @classmethod
     def default(cls, cell: RecurrentCell) -> KernelOptions:
         """What the converter emits: a CPU with AVX-512's registers and several cores."""
-        # A quantized cell quantizes each step's state before its tiles: one thread runs the steps.
-        return cls(parallel=not cell.quantized and cell.directions * cell.tiles >= 2
-                   and cell.work >= PARALLEL_MIN_WORK)
+        return cls(parallel=cell.directions * cell.tiles >= 2 and cell.work >= PARALLEL_MIN_WORK)
 
 
 class _Builder:
@@ -210,12 +212,8 @@ class _Builder:
         two_phase = c.kind == "gru" and not c.linear_before_reset
         self.reset = T.alloc_buffer((c.directions, batch, c.padded), c.dtype) if two_phase else None
         self.update = T.alloc_buffer((c.directions, batch, c.padded), c.dtype) if two_phase else None
-        if c.quantized:
-            self.qh = T.alloc_buffer((c.directions, batch, c.hidden), "int32")
-            """The step's hidden state quantized, less its zero point."""
-            self.qparams = T.alloc_buffer((c.directions, 2), "float32")
-            """Per direction: the state's scale and zero point at this step."""
-            self.extent = T.alloc_buffer((2,), "float32")
+        self.qparams: Any = None
+        """A quantized cell's state scale and zero point, in the block of tiles being emitted."""
 
     # --- the whole function -------------------------------------------------------------------------------------
 
@@ -332,40 +330,42 @@ class _Builder:
     def _steps(self) -> None:
         c = self.cell
         with T.serial(self.seq) as s:
-            if c.quantized:
-                self._quantize_state(s)
             if self.reset is not None:
                 self._blocks(2, lambda d, us: self._rows(s, d, us, self._gru_gates_zr, last_phase=False))
                 self._blocks(1, lambda d, us: self._rows(s, d, us, self._gru_candidate))
             else:
                 step = {"rnn": self._rnn, "gru": self._gru_fused, "lstm": self._lstm}[c.kind]
-                self._blocks({"rnn": 1, "gru": 3, "lstm": 4}[c.kind], lambda d, us: self._rows(s, d, us, step))
 
-    def _quantize_state(self, s: Any) -> None:
-        """``qh``: each direction's state at step ``s`` in uint8, less its zero point (onnxruntime's dynamic
-        quantization: the range of every row still running, zero included; scale ``range / 255``, zero point and
-        values rounded half to even). A row past its length counts as zeros, as onnxruntime's output rows do."""
-        c, rne = self.cell, tirx.nearbyint
+                def block(d: Any, us: list[Any]) -> None:
+                    if c.quantized:
+                        self._quantize_state(s, d)
+                    self._rows(s, d, us, step)
+
+                self._blocks({"rnn": 1, "gru": 3, "lstm": 4}[c.kind], block)
+
+    def _quantize_state(self, s: Any, d: Any) -> None:
+        """:attr:`qparams`: the scale and zero point that quantize direction ``d``'s state at step ``s`` to uint8
+        (onnxruntime's dynamic quantization: the range of every row still running, zero included; scale
+        ``range / 255``, zero point rounded half to even). A row past its length counts as zeros, as
+        onnxruntime's output rows do. Each block of tiles computes them (in a parallel step, on its thread)."""
+        c = self.cell
         f32 = lambda v: tirx.const(v, "float32")  # noqa: E731
         cur = s % 2
-        with T.serial(c.directions) as d:
-            for side in (0, 1):
-                T.buffer_store(self.extent, f32(0.0), [side])
-            with T.serial(self.batch) as b, T.serial(c.hidden) as j:
-                value = self.h[cur, d, b, j]
-                if c.lengths:
-                    value = tirx.Select(s <= self._length(b), value, f32(0.0))
-                T.buffer_store(self.extent, tirx.min(self.extent[0], value), [0])
-                T.buffer_store(self.extent, tirx.max(self.extent[1], value), [1])
-            low, high = self.extent[0], self.extent[1]
-            T.buffer_store(self.qparams, tirx.Select(high == low, f32(1.0), (high - low) / f32(255.0)), [d, 0])
-            scale = self.qparams[d, 0]
-            T.buffer_store(self.qparams, rne(tirx.max(tirx.min(f32(0.0) - low / scale, f32(255.0)), f32(0.0))),
-                           [d, 1])
-            zero = self.qparams[d, 1]
-            with T.serial(self.batch) as b, T.serial(c.hidden) as j:
-                q = tirx.max(tirx.min(rne(self.h[cur, d, b, j] / scale) + zero, f32(255.0)), f32(0.0)) - zero
-                T.buffer_store(self.qh, tirx.Cast("int32", q), [d, b, j])
+        # [low, high, scale, zero point]
+        params = T.alloc_buffer((4,), "float32", scope="local" if self.options.gpu else "global")
+        for side in (0, 1):
+            T.buffer_store(params, f32(0.0), [side])
+        with T.serial(self.batch) as b, T.serial(c.hidden) as j:
+            value = self.h[cur, d, b, j]
+            if c.lengths:
+                value = tirx.Select(s <= self._length(b), value, f32(0.0))
+            T.buffer_store(params, tirx.min(params[0], value), [0])
+            T.buffer_store(params, tirx.max(params[1], value), [1])
+        low, high = params[0], params[1]
+        T.buffer_store(params, tirx.Select(high == low, f32(1.0), (high - low) / f32(255.0)), [2])
+        T.buffer_store(params, tirx.nearbyint(tirx.max(tirx.min(f32(0.0) - low / params[2], f32(255.0)),
+                                                       f32(0.0))), [3])
+        self.qparams = params
 
     def _rows(self, s: Any, d: Any, us: list[Any], step: Callable[..., None], last_phase: bool = True) -> None:
         """``step(t, s, d, us, b)`` for every batch row, at the time index direction ``d`` reaches at step ``s``.
@@ -442,21 +442,27 @@ class _Builder:
                     self._vector(lambda lane, i=i, u=u, slot=slot, gate=gate: T.buffer_store(
                         acc, acc[i, slot, lane] + hk * r[d, u, k, gate, lane], [i, slot, lane]))
 
-    def _quantized_recurrent(self, acc: Any, gates: list[tuple[int, int]], d: Any, b: Any, us: list[Any]) -> None:
-        """``acc[i, slot] += (sum_k qh[k] R^T[k, gate, us[i]]) * state scale * R's scale``: the sum in int32."""
+    def _quantized_recurrent(self, acc: Any, gates: list[tuple[int, int]], s: Any, d: Any, b: Any,
+                             us: list[Any]) -> None:
+        """``acc[i, slot] += (sum_k q(h[k]) R^T[k, gate, us[i]]) * state scale * R's scale``: ``q`` the state's
+        uint8 level less its zero point (values rounded half to even), the sum in :attr:`RecurrentCell.quantized`."""
         r, r_scale = self.a["r"], self.a["r_scale"]
-        total = T.alloc_buffer((len(us), len(gates), LANES), "int32", scope="local" if self.options.gpu else "global")
+        scale, zero = self.qparams[2], self.qparams[3]
+        f32 = lambda v: tirx.const(v, "float32")  # noqa: E731
+        cur = s % 2
+        sums = self.cell.quantized
+        total = T.alloc_buffer((len(us), len(gates), LANES), sums, scope="local" if self.options.gpu else "global")
         for i in range(len(us)):
             for slot, _ in gates:
-                self._vector(lambda lane, i=i, slot=slot: T.buffer_store(total, tirx.const(0, "int32"),
+                self._vector(lambda lane, i=i, slot=slot: T.buffer_store(total, tirx.const(0, sums),
                                                                          [i, slot, lane]))
         with T.serial(self.cell.hidden) as k:
-            qk = self.qh[d, b, k]
+            level = tirx.nearbyint(self.h[cur, d, b, k] / scale) + zero
+            qk = tirx.Cast(sums, tirx.max(tirx.min(level, f32(255.0)), f32(0.0)) - zero)
             for i, u in enumerate(us):
                 for slot, gate in gates:
                     self._vector(lambda lane, i=i, u=u, slot=slot, gate=gate: T.buffer_store(
                         total, total[i, slot, lane] + qk * r[d, u, k, gate, lane], [i, slot, lane]))
-        scale = self.qparams[d, 0]
         for i, u in enumerate(us):
             for slot, gate in gates:
                 self._vector(lambda lane, i=i, u=u, slot=slot, gate=gate: T.buffer_store(
@@ -505,7 +511,7 @@ class _Builder:
         gates = [(0, 0), (1, 1), (2, 2), (3, 3)]
         self._load_projection(acc, t, d, us, b, gates)
         if self.cell.quantized:
-            self._quantized_recurrent(acc, gates, d, b, us)
+            self._quantized_recurrent(acc, gates, s, d, b, us)
         else:
             self._recurrent(acc, gates, self.h, lambda k: [cur, d, b, k], d, us)
         for i, u in enumerate(us):
@@ -620,8 +626,8 @@ def build_kernel(cell: RecurrentCell, options: KernelOptions | None = None) -> t
         with T.prim_func(s_tir=True):
             args = {}
             for arg, shape in zip(names, cell.input_shapes_for(seq, batch)):
-                integer = arg == "lengths" or (arg == "r" and cell.quantized)
-                args[arg] = T.arg(arg, T.Buffer(shape, "int32" if integer else cell.dtype))
+                dtype = "int32" if arg == "lengths" else cell.quantized if arg == "r" and cell.quantized else cell.dtype
+                args[arg] = T.arg(arg, T.Buffer(shape, dtype))
             for arg, shape in zip(outputs, cell.output_shapes_for(seq, batch)):
                 args[arg] = T.arg(arg, T.Buffer(shape, cell.dtype))
             # Scheduled as written: schedule rules and tuning leave it alone; the compile log names it.
