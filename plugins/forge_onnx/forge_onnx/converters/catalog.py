@@ -16,6 +16,7 @@ from forge_onnx.converters import (
     microsoft_bert,
     ml,
     normalization,
+    qoperator,
     quantized,
     ranges,
     recurrent,
@@ -46,7 +47,7 @@ def all_converters() -> dict[tuple[str, str], Callable[..., Any]]:
         for op_type, convert in module.CONVERTERS.items():
             add("", op_type, convert)
     for op_type, convert in {**microsoft.CONVERTERS, **microsoft_bert.CONVERTERS,
-                             **indexing.MICROSOFT_CONVERTERS}.items():
+                             **indexing.MICROSOFT_CONVERTERS, **qoperator.CONVERTERS}.items():
         add(microsoft.DOMAIN, op_type, convert)
     for op_type, convert in ml.CONVERTERS.items():
         add(ml.DOMAIN, op_type, convert)

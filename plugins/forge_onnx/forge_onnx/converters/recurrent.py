@@ -32,6 +32,7 @@ from tvm import relax
 from forge_core.errors import InvalidModelError, ModelImportError
 from forge_core.runtime.signature import RUN_TIME_CHECK
 from forge_onnx.converters import ConverterContext, constant_value
+from forge_onnx.converters.quantized import dynamically_quantized
 from forge_onnx.converters.recurrent_kernel import LANES, RecurrentCell, build_kernel
 from forge_onnx.converters.recurrent_math import activations
 from forge_onnx.converters.shapes import static_or_symbolic_dims, static_shape
@@ -312,23 +313,6 @@ class WeightScales:
     r: np.ndarray
 
 
-def _dynamically_quantized(bb: relax.BlockBuilder, x: relax.Expr, counted: relax.Expr) -> tuple[relax.Expr, ...]:
-    """``x`` in uint8 less its zero point (integers in float32), and its scale: onnxruntime's dynamic
-    quantization, from the range of ``counted`` (zero included), scale ``range / 255``, zero point and values
-    rounded half to even."""
-    from forge_onnx.converters.quantized import round_half_even
-
-    f32 = lambda v: relax.const(v, "float32")  # noqa: E731
-    low = bb.emit(relax.op.minimum(relax.op.min(counted), f32(0.0)))
-    high = bb.emit(relax.op.maximum(relax.op.max(counted), f32(0.0)))
-    scale = bb.emit(relax.op.where(relax.op.equal(high, low), f32(1.0),
-                                   relax.op.divide(relax.op.subtract(high, low), f32(255.0))))
-    zero = round_half_even(bb, bb.emit(relax.op.clip(relax.op.negative(relax.op.divide(low, scale)), 0.0, 255.0)))
-    rounded = round_half_even(bb, bb.emit(relax.op.divide(x, scale)))
-    levels = bb.emit(relax.op.subtract(relax.op.clip(relax.op.add(rounded, zero), 0.0, 255.0), zero))
-    return levels, scale
-
-
 def _quantized_projection(bb: relax.BlockBuilder, node: _Node, bias: relax.Expr, scales: WeightScales) -> relax.Expr:
     """:func:`_projection` as onnxruntime's ``DynamicQuantizeLSTM`` computes it: ``X`` quantized over the steps
     it runs (up to the longest ``sequence_lens``), an exact product with the integer ``W``, times the scales."""
@@ -343,7 +327,7 @@ def _quantized_projection(bb: relax.BlockBuilder, node: _Node, bias: relax.Expr,
         steps = relax.op.arange(0, node.seq, 1, "int32")
         running = relax.op.less(relax.op.reshape(steps, [node.seq, 1, 1]), relax.op.max(node.lengths))
         counted = bb.emit(relax.op.where(running, node.x, relax.const(0.0, "float32")))
-    levels, scale = _dynamically_quantized(bb, node.x, counted)
+    levels, scale = dynamically_quantized(bb, node.x, counted)
     rows = bb.emit(relax.op.reshape(relax.op.astype(levels, sums), [node.seq * node.batch, inputs]))
     product = bb.emit(relax.op.matmul(rows, w_t, out_dtype=sums))
     tiled_scales = _reshaped(bb, _tiled(bb, relax.const(scales.w), cell, cell.gates), [columns])
