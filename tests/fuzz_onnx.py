@@ -213,6 +213,31 @@ def _helper_models() -> dict[str, onnx.ModelProto]:
          numpy_helper.from_array(np.zeros(1, np.int8), "w_zero"),
          numpy_helper.from_array(np.zeros(1, np.int8), "r_zero")],
         domains={"com.microsoft": 1})
+    # onnxruntime's QOperator quantization (converters/qoperator.py, QLinearConv in quantized.py): uint8 activations,
+    # int8 weights, scales and zero points as initializers. A generator of its own, as above.
+    q_rng = np.random.default_rng(29)
+
+    def q_scalar(name: str, value: float | int, dtype: str) -> TensorProto:
+        return numpy_helper.from_array(np.array(value, dtype), name)
+
+    models["qoperator"] = _model("qoperator", [
+        helper.make_node("QuantizeLinear", ["x", "s_x", "z_x"], ["xq"], "quantize"),
+        helper.make_node("QLinearConv", ["xq", "s_x", "z_x", "w_q", "s_w", "z_w", "s_c", "z_c", "b_q"], ["cq"],
+                         "qconv", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("QLinearLeakyRelu", ["cq", "s_c", "z_c", "s_c", "z_c"], ["lq"], "qleaky",
+                         domain="com.microsoft", alpha=0.1),
+        helper.make_node("QLinearAdd", ["lq", "s_c", "z_c", "cq", "s_c", "z_c", "s_a", "z_a"], ["aq"], "qadd",
+                         domain="com.microsoft"),
+        helper.make_node("QLinearGlobalAveragePool", ["aq", "s_a", "z_a", "s_a", "z_a"], ["pq"], "qpool",
+                         domain="com.microsoft"),
+        helper.make_node("DequantizeLinear", ["pq", "s_a", "z_a"], ["y"], "dequantize"),
+    ], [_vi("x", f, [1, 2, 6, 6])], [_vi("y", f, [1, 4, 1, 1])],
+        [numpy_helper.from_array(q_rng.integers(-127, 128, (4, 2, 3, 3)).astype(np.int8), "w_q"),
+         numpy_helper.from_array(q_rng.integers(-500, 500, 4).astype(np.int32), "b_q"),
+         q_scalar("s_x", 0.02, "float32"), q_scalar("z_x", 128, "uint8"), q_scalar("s_w", 0.01, "float32"),
+         q_scalar("z_w", 0, "int8"), q_scalar("s_c", 0.05, "float32"), q_scalar("z_c", 100, "uint8"),
+         q_scalar("s_a", 0.08, "float32"), q_scalar("z_a", 90, "uint8")],
+        domains={"com.microsoft": 1})
     # ONNX's signal operators (converters/signal.py): a speech front end's STFT, then a DFT over frames.
     models["signal"] = _model("signal", [
         helper.make_node("STFT", ["audio", "step", "window"], ["spectrum"], "stft"),

@@ -12,8 +12,12 @@ order of float32 operations, rounded half to even and saturated:
   values): the function of the dequantized input, quantized;
 * ``QLinearConcat``: each input dequantized, then the result quantized (an
   input already in the output's scale and zero point is copied as is);
-* ``QLinearAveragePool``, ``QLinearGlobalAveragePool``: the mean of the
-  dequantized window, quantized (``channels_last`` as NHWC);
+* ``QLinearAveragePool``: the mean of the dequantized window, quantized with
+  the zero point added before rounding, as onnxruntime's kernel does;
+  ``QLinearGlobalAveragePool``: the mean of each dequantized plane, quantized
+  (``channels_last`` as NHWC for both);
+* ``QLinearSoftmax``: onnxruntime's exponentials in float64 shifted to its
+  range, their sum and the division in float32 (see the function);
 * ``QGemm``: ``(A - za) (B - zb) + C`` in int32, times ``alpha * sa * sb / sy``
   and quantized, or a float32 output without ``y_scale``;
 * ``MatMulIntegerToFloat`` and ``DynamicQuantizeMatMul`` (onnxruntime's
@@ -74,6 +78,15 @@ def _quantized(bb: relax.BlockBuilder, y: relax.Expr, scale: Any, zero_point: An
     info = np.iinfo(dtype)
     shifted = relax.op.add(rounded, _float(bb, zero_point))
     return bb.emit(relax.op.astype(relax.op.clip(shifted, float(info.min), float(info.max)), dtype))
+
+
+def _quantized_after_shift(bb: relax.BlockBuilder, y: relax.Expr, scale: Any, zero_point: Any,
+                           dtype: str) -> relax.Expr:
+    """onnxruntime's pooling kernels' quantization: ``saturate(round(y / scale + zero_point))``, the zero point added
+    before rounding (a value within float32 rounding of a half step may round otherwise than in
+    :func:`_quantized`)."""
+    shifted = bb.emit(relax.op.add(relax.op.divide(y, _float(bb, scale)), _float(bb, zero_point)))
+    return _saturated(bb, shifted, dtype)
 
 
 def _out_dtype(zero_point: Any, x: relax.Expr) -> str:
@@ -172,7 +185,7 @@ def qlinear_average_pool(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[
         _dequantized(bb, x, sx, zx), pool_size=kernel, strides=strides,
         padding=_pool_padding(attrs, x, kernel, strides, context.node), ceil_mode=bool(attrs.get("ceil_mode", 0)),
         count_include_pad=bool(attrs.get("count_include_pad", 0)), layout=layout))
-    return _quantized(bb, pooled, sy, zy, _out_dtype(zy, x))
+    return _quantized_after_shift(bb, pooled, sy, zy, _out_dtype(zy, x))
 
 
 def qlinear_global_average_pool(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
@@ -185,6 +198,50 @@ def qlinear_global_average_pool(bb: relax.BlockBuilder, inputs: list[Any], attrs
     axes = list(range(1, x.ty.ndim - 1)) if int(attrs.get("channels_last", 0)) else list(range(2, x.ty.ndim))
     mean = bb.emit(relax.op.mean(_dequantized(bb, x, sx, zx), axis=axes, keepdims=True))
     return _quantized(bb, mean, sy, zy, _out_dtype(zy, x))
+
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def qlinear_softmax(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
+                    context: ConverterContext) -> relax.Expr:
+    """QLinearSoftmax, as onnxruntime's kernel computes it: ``e = float32(exp((x - max + shift) * x_scale))`` in
+    float64 (``shift = max(0, log(FLT_MAX / D) - 5) / x_scale``, ``D`` the reduced length), then
+    ``round(e * floor(1 / y_scale) / sum(e)) + y_zero_point`` in float32, saturated. ``opset`` below 13 reduces
+    over every dim from ``axis`` on (default 1), 13 and above over ``axis`` alone (default -1)."""
+    x, sx, zx, sy, zy = _padded(inputs, 5)
+    opset = int(attrs.get("opset", context.opset))
+    rank = x.ty.ndim
+    axis = int(attrs.get("axis", 1 if opset < 13 else -1))
+    axis = axis + rank if axis < 0 else axis
+    if not 0 <= axis < rank:
+        raise InvalidModelError(f"QLinearSoftmax {context.node!r}: axis {attrs.get('axis')} is outside rank {rank}")
+    shape = [d.value if hasattr(d, "value") else None for d in x.ty.shape.values] if x.ty.shape is not None else None
+    reduced = shape[axis:] if opset < 13 else [shape[axis]] if shape is not None else None
+    if reduced is None or any(d is None for d in reduced) or (opset < 13 and any(d is None for d in shape)):
+        raise ModelImportError(f"QLinearSoftmax {context.node!r}: Forge needs the reduced dims static (onnxruntime "
+                               f"builds its table of exponentials for their size); given {x.ty}: give the input's "
+                               "shape with shape=...")
+    length = int(np.prod(reduced, dtype=np.int64))
+    values = bb.emit(relax.op.astype(x, "int32"))
+    if opset < 13:
+        values = bb.emit(relax.op.reshape(values, [*shape[:axis], length]))
+    last = len(values.ty.shape.values) - 1 if opset < 13 else axis
+    top = bb.emit(relax.op.max(values, axis=[last], keepdims=True))
+    scale = bb.emit(relax.op.astype(_float(bb, sx), "float64"))
+    shift = bb.emit(relax.op.divide(relax.const(max(0.0, float(np.log(FLOAT32_MAX / length)) - 5.0), "float64"),
+                                    scale))
+    exponent = relax.op.multiply(relax.op.add(relax.op.astype(relax.op.subtract(values, top), "float64"), shift),
+                                 scale)
+    e = bb.emit(relax.op.astype(relax.op.exp(exponent), "float32"))
+    total = bb.emit(relax.op.sum(e, axis=[last], keepdims=True))
+    levels = bb.emit(relax.op.floor(relax.op.divide(_f32(1.0), _float(bb, sy))))
+    value = bb.emit(relax.op.add(round_half_even(bb, bb.emit(relax.op.divide(relax.op.multiply(e, levels), total))),
+                                 _float(bb, zy)))
+    dtype = _out_dtype(zy, x)
+    info = np.iinfo(dtype)
+    result = relax.op.astype(relax.op.clip(value, float(info.min), float(info.max)), dtype)
+    return relax.op.reshape(bb.emit(result), shape) if opset < 13 else result
 
 
 def _centered(bb: relax.BlockBuilder, x: relax.Expr, zero_point: Any, per_column: bool = False) -> relax.Expr:
@@ -268,5 +325,5 @@ def dynamic_quantize_matmul(bb: relax.BlockBuilder, inputs: list[Any], attrs: di
 CONVERTERS = {"QLinearAdd": qlinear_add, "QLinearMul": qlinear_mul, "QLinearSigmoid": qlinear_sigmoid,
               "QLinearLeakyRelu": qlinear_leaky_relu, "QLinearConcat": qlinear_concat,
               "QLinearAveragePool": qlinear_average_pool, "QLinearGlobalAveragePool": qlinear_global_average_pool,
-              "QGemm": qgemm, "MatMulIntegerToFloat": matmul_integer_to_float,
+              "QGemm": qgemm, "QLinearSoftmax": qlinear_softmax, "MatMulIntegerToFloat": matmul_integer_to_float,
               "DynamicQuantizeMatMul": dynamic_quantize_matmul}
