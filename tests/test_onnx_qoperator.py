@@ -265,3 +265,11 @@ def test_qlinear_softmax(dtype, opset, axis, shape):
     x = RNG.integers(-128 if signed else 0, 128 if signed else 256, shape).astype(dtype)
     elem = TensorProto.INT8 if signed else TensorProto.UINT8
     _single([node], [VI("x", elem, list(shape))], [VI("y", elem, None)], inits, {"x": x})
+
+
+def test_a_qoperator_model_builds_for_a_gpu(tmp_path):
+    """Every QOperator operator, its rounding included (TIR's nearbyint: CUDA's nearbyintf), through the GPU
+    pipeline: nvcc compiles the kernels for sm_90 (no GPU here to run them)."""
+    model = _quantized_net(tmp_path, per_channel=True, activations="QUInt8")
+    forge.from_onnx(model).compile(target="cuda -arch=sm_90", output_path=tmp_path / "cuda")
+    assert (tmp_path / "cuda" / "model_library.so").is_file()
