@@ -39,7 +39,7 @@ from tvm import relax
 
 from forge_core.errors import InvalidModelError, ModelImportError
 from forge_onnx.converters import ConverterContext, attr_text
-from forge_onnx.converters.quantized import dynamically_quantized, round_half_even
+from forge_onnx.converters.quantized import dynamically_quantized, requantized
 
 DOMAIN = "com.microsoft"
 
@@ -65,19 +65,9 @@ def _dequantized(bb: relax.BlockBuilder, x: relax.Expr, scale: Any, zero_point: 
     return bb.emit(relax.op.multiply(centered, _float(bb, scale)))
 
 
-def _saturated(bb: relax.BlockBuilder, value: relax.Expr, dtype: str) -> relax.Expr:
-    """``value`` (already scaled and shifted by the zero point) rounded half to even, saturated to ``dtype``."""
-    info = np.iinfo(dtype)
-    rounded = round_half_even(bb, value)
-    return bb.emit(relax.op.astype(relax.op.clip(rounded, float(info.min), float(info.max)), dtype))
-
-
 def _quantized(bb: relax.BlockBuilder, y: relax.Expr, scale: Any, zero_point: Any, dtype: str) -> relax.Expr:
     """ONNX's QuantizeLinear of a float32 ``y``: ``saturate(round(y / scale) + zero_point)``."""
-    rounded = round_half_even(bb, bb.emit(relax.op.divide(y, _float(bb, scale))))
-    info = np.iinfo(dtype)
-    shifted = relax.op.add(rounded, _float(bb, zero_point))
-    return bb.emit(relax.op.astype(relax.op.clip(shifted, float(info.min), float(info.max)), dtype))
+    return requantized(bb, bb.emit(relax.op.divide(y, _float(bb, scale))), zero_point, dtype)
 
 
 def _quantized_after_shift(bb: relax.BlockBuilder, y: relax.Expr, scale: Any, zero_point: Any,
@@ -86,7 +76,7 @@ def _quantized_after_shift(bb: relax.BlockBuilder, y: relax.Expr, scale: Any, ze
     before rounding (a value within float32 rounding of a half step may round otherwise than in
     :func:`_quantized`)."""
     shifted = bb.emit(relax.op.add(relax.op.divide(y, _float(bb, scale)), _float(bb, zero_point)))
-    return _saturated(bb, shifted, dtype)
+    return requantized(bb, shifted, None, dtype)
 
 
 def _out_dtype(zero_point: Any, x: relax.Expr) -> str:
@@ -106,7 +96,7 @@ def qlinear_add(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any]
         relax.op.multiply(ratio_b, _float(bb, zb))))
     value = relax.op.add(relax.op.add(relax.op.multiply(ratio_a, relax.op.astype(a, "float32")),
                                       relax.op.multiply(ratio_b, relax.op.astype(b, "float32"))), constant)
-    return _saturated(bb, bb.emit(value), _out_dtype(zc, a))
+    return requantized(bb, bb.emit(value), None, _out_dtype(zc, a))
 
 
 def qlinear_mul(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
@@ -117,7 +107,7 @@ def qlinear_mul(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any]
     centered_a = relax.op.subtract(relax.op.astype(a, "float32"), _float(bb, za))
     centered_b = relax.op.subtract(relax.op.astype(b, "float32"), _float(bb, zb))
     value = relax.op.add(relax.op.multiply(relax.op.multiply(centered_a, centered_b), ratio), _float(bb, zc))
-    return _saturated(bb, bb.emit(value), _out_dtype(zc, a))
+    return requantized(bb, bb.emit(value), None, _out_dtype(zc, a))
 
 
 def _unary(function: Any) -> Any:
@@ -236,23 +226,17 @@ def qlinear_softmax(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, 
     e = bb.emit(relax.op.astype(relax.op.exp(exponent), "float32"))
     total = bb.emit(relax.op.sum(e, axis=[last], keepdims=True))
     levels = bb.emit(relax.op.floor(relax.op.divide(_f32(1.0), _float(bb, sy))))
-    value = bb.emit(relax.op.add(round_half_even(bb, bb.emit(relax.op.divide(relax.op.multiply(e, levels), total))),
-                                 _float(bb, zy)))
-    dtype = _out_dtype(zy, x)
-    info = np.iinfo(dtype)
-    result = relax.op.astype(relax.op.clip(value, float(info.min), float(info.max)), dtype)
-    return relax.op.reshape(bb.emit(result), shape) if opset < 13 else result
+    result = requantized(bb, bb.emit(relax.op.divide(relax.op.multiply(e, levels), total)), zy, _out_dtype(zy, x))
+    return relax.op.reshape(result, shape) if opset < 13 else result
 
 
-def _centered(bb: relax.BlockBuilder, x: relax.Expr, zero_point: Any, per_column: bool = False) -> relax.Expr:
-    """``x - zero_point`` in int32 (a zero point of one value, or one per column of a 2-D ``x``)."""
+def _centered(bb: relax.BlockBuilder, x: relax.Expr, zero_point: Any) -> relax.Expr:
+    """``x - zero_point`` in int32: a zero point of one value, or one per column (the last axis) of ``x``."""
     value = bb.emit(relax.op.astype(x, "int32"))
     if zero_point is None:
         return value
     zero = bb.emit(relax.op.astype(zero_point, "int32"))
-    if not per_column:
-        zero = bb.emit(relax.op.reshape(zero, []))
-    return bb.emit(relax.op.subtract(value, zero))
+    return bb.emit(relax.op.subtract(value, relax.op.reshape(zero, []) if _single(zero_point) else zero))
 
 
 def qgemm(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], context: ConverterContext) -> relax.Expr:
@@ -261,18 +245,11 @@ def qgemm(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], cont
     a, sa, za, b, sb, zb, c, sy, zy = _padded(inputs, 9)
     if a.ty.ndim != 2 or b.ty.ndim != 2:
         raise InvalidModelError(f"QGemm {context.node!r} takes 2-D A and B, given ranks {a.ty.ndim} and {b.ty.ndim}")
-    trans_b = bool(attrs.get("transB", 0))
     left = _centered(bb, a, za)
     if bool(attrs.get("transA", 0)):
         left = bb.emit(relax.op.permute_dims(left, [1, 0]))
-    per_column = zb is not None and zb.ty.ndim == 1 and not _single(zb)
-    right = bb.emit(relax.op.astype(b, "int32"))
-    if trans_b:
-        right = bb.emit(relax.op.permute_dims(right, [1, 0]))
-    if zb is not None:
-        zero = bb.emit(relax.op.astype(zb, "int32"))
-        right = bb.emit(relax.op.subtract(right, zero if per_column else relax.op.reshape(zero, [])))
-    total = bb.emit(relax.op.matmul(left, right, out_dtype="int32"))
+    right = bb.emit(relax.op.permute_dims(b, [1, 0])) if bool(attrs.get("transB", 0)) else b
+    total = bb.emit(relax.op.matmul(left, _centered(bb, right, zb), out_dtype="int32"))
     if c is not None:
         total = bb.emit(relax.op.add(total, relax.op.astype(c, "int32")))
     alpha = float(attrs.get("alpha", 1.0))
@@ -280,10 +257,8 @@ def qgemm(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any], cont
     if sy is None:
         return relax.op.multiply(relax.op.astype(total, "float32"), scale)
     ratio = bb.emit(relax.op.divide(scale, _float(bb, sy)))
-    shifted = bb.emit(relax.op.add(round_half_even(bb, bb.emit(relax.op.multiply(relax.op.astype(total, "float32"),
-                                                                               ratio))), _float(bb, zy)))
-    info = np.iinfo(_out_dtype(zy, a))
-    return relax.op.astype(relax.op.clip(shifted, float(info.min), float(info.max)), _out_dtype(zy, a))
+    scaled = bb.emit(relax.op.multiply(relax.op.astype(total, "float32"), ratio))
+    return requantized(bb, scaled, zy, _out_dtype(zy, a))
 
 
 def _single(value: Any) -> bool:
@@ -294,12 +269,7 @@ def _single(value: Any) -> bool:
 def _float_product(bb: relax.BlockBuilder, a: relax.Expr, za: Any, b: relax.Expr, zb: Any, scale: relax.Expr,
                    bias: Any) -> relax.Expr:
     """``(a - za) @ (b - zb)`` in int32, times ``scale`` (a's scale times b's, one or per column), plus ``bias``."""
-    per_column = zb is not None and zb.ty.ndim == 1 and not _single(zb)
-    right = bb.emit(relax.op.astype(b, "int32"))
-    if zb is not None:
-        zero = bb.emit(relax.op.astype(zb, "int32"))
-        right = bb.emit(relax.op.subtract(right, zero if per_column else relax.op.reshape(zero, [])))
-    total = bb.emit(relax.op.matmul(_centered(bb, a, za), right, out_dtype="int32"))
+    total = bb.emit(relax.op.matmul(_centered(bb, a, za), _centered(bb, b, zb), out_dtype="int32"))
     value = bb.emit(relax.op.multiply(relax.op.astype(total, "float32"), scale))
     return relax.op.add(value, relax.op.astype(bias, "float32")) if bias is not None else value
 

@@ -55,6 +55,16 @@ def round_half_even(bb: relax.BlockBuilder, x: relax.Expr) -> relax.Expr:
     return bb.emit(bb.call_te(kernel, x, primfunc_name_hint="round_half_even"))
 
 
+def requantized(bb: relax.BlockBuilder, value: relax.Expr, zero_point: relax.Expr | None, dtype: str) -> relax.Expr:
+    """``saturate(round(value) + zero_point)`` as ``dtype``: a scaled integer product (or ``y / y_scale``) back in
+    the quantized domain, rounded half to even before the zero point is added (onnxruntime's requantization)."""
+    rounded = round_half_even(bb, value)
+    if zero_point is not None:
+        rounded = bb.emit(relax.op.add(rounded, relax.op.astype(zero_point, "float32")))
+    info = np.iinfo(dtype)
+    return bb.emit(relax.op.astype(relax.op.clip(rounded, float(info.min), float(info.max)), dtype))
+
+
 def dynamically_quantized(bb: relax.BlockBuilder, x: relax.Expr, counted: relax.Expr) -> tuple[relax.Expr, ...]:
     """``x`` in uint8 less its zero point (integers in float32), and its scale: onnxruntime's dynamic
     quantization, from the range of ``counted`` (zero included), scale ``range / 255``, zero point and values
@@ -80,10 +90,7 @@ def qlinear_matmul(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, A
                                                       relax.op.astype(b_scale, "float32")),
                                      relax.op.astype(y_scale, "float32")))
     scaled = bb.emit(relax.op.multiply(relax.op.astype(product, "float32"), scale))
-    rounded = round_half_even(bb, scaled)
-    shifted = bb.emit(relax.op.add(rounded, relax.op.astype(y_zp, "float32")))
-    info = np.iinfo(out_dtype)
-    return relax.op.astype(relax.op.clip(shifted, float(info.min), float(info.max)), out_dtype)
+    return requantized(bb, scaled, y_zp, out_dtype)
 
 
 def _scalar_zero(zero_point: Any) -> bool:
@@ -180,11 +187,8 @@ def qlinear_conv(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any
         w_scales = bb.emit(relax.op.reshape(w_scales, [1, -1, 1, 1]))
     scale = bb.emit(relax.op.divide(relax.op.multiply(relax.op.astype(x_scale, "float32"), w_scales),
                                     relax.op.astype(y_scale, "float32")))
-    rounded = round_half_even(bb, bb.emit(relax.op.multiply(relax.op.astype(product, "float32"), scale)))
-    shifted = bb.emit(relax.op.add(rounded, relax.op.astype(y_zp, "float32")))
-    out_dtype = str(y_zp.ty.dtype)
-    info = np.iinfo(out_dtype)
-    return relax.op.astype(relax.op.clip(shifted, float(info.min), float(info.max)), out_dtype)
+    scaled = bb.emit(relax.op.multiply(relax.op.astype(product, "float32"), scale))
+    return requantized(bb, scaled, y_zp, str(y_zp.ty.dtype))
 
 
 CONVERTERS = {"QLinearMatMul": qlinear_matmul, "MatMulInteger": matmul_integer, "ConvInteger": conv_integer,
