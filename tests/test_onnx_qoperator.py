@@ -150,8 +150,9 @@ def test_binary_operators_broadcast(tmp_path, op):
                                            ("QLinearLeakyRelu", {"alpha": 0.3})])
 def test_unary_operators(op, attrs):
     node = oh.make_node(op, ["x", "sx", "zx", "sy", "zy"], ["y"], domain="com.microsoft", **attrs)
-    inits = _scalars(sx=(0.05, "float32"), zx=(100, "uint8"), sy=(1 / 255 if op == "QLinearSigmoid" else 0.04,
-                                                                      "float32"), zy=(0 if op == "QLinearSigmoid" else 90, "uint8"))
+    sigmoid = op == "QLinearSigmoid"
+    inits = _scalars(sx=(0.05, "float32"), zx=(100, "uint8"), sy=(1 / 255 if sigmoid else 0.04, "float32"),
+                     zy=(0 if sigmoid else 90, "uint8"))
     # every uint8 value once: the whole table onnxruntime builds
     feeds = {"x": np.arange(256, dtype=np.uint8).reshape(4, 64)}
     _single([node], [VI("x", TensorProto.UINT8, [4, 64])], [VI("y", TensorProto.UINT8, None)], inits, feeds)
@@ -259,9 +260,10 @@ def test_qlinear_softmax(dtype, opset, axis, shape):
     node = oh.make_node("QLinearSoftmax", ["x", "sx", "zx", "sy", "zy"], ["y"], domain="com.microsoft", axis=axis,
                         opset=opset)
     signed = dtype == "int8"
-    inits = [nh.from_array(np.array(0.08, "float32"), "sx"), nh.from_array(np.array(-3 if signed else 120, dtype), "zx"),
-             nh.from_array(np.array(1 / 256, "float32"), "sy"), nh.from_array(np.array(-128 if signed else 0, dtype),
-                                                                               "zy")]
+    inits = [nh.from_array(np.array(0.08, "float32"), "sx"),
+             nh.from_array(np.array(-3 if signed else 120, dtype), "zx"),
+             nh.from_array(np.array(1 / 256, "float32"), "sy"),
+             nh.from_array(np.array(-128 if signed else 0, dtype), "zy")]
     x = RNG.integers(-128 if signed else 0, 128 if signed else 256, shape).astype(dtype)
     elem = TensorProto.INT8 if signed else TensorProto.UINT8
     _single([node], [VI("x", elem, list(shape))], [VI("y", elem, None)], inits, {"x": x})

@@ -123,7 +123,8 @@ def _unary(function: Any) -> Any:
 qlinear_sigmoid = _unary(lambda x, attrs: relax.op.sigmoid(x))
 qlinear_sigmoid.__doc__ = "QLinearSigmoid: the sigmoid of the dequantized input, quantized."
 qlinear_leaky_relu = _unary(lambda x, attrs: relax.op.nn.leakyrelu(x, float(attrs.get("alpha", 0.01))))
-qlinear_leaky_relu.__doc__ = "QLinearLeakyRelu: LeakyRelu (``alpha``, 0.01 by default) of the dequantized input, quantized."
+qlinear_leaky_relu.__doc__ = ("QLinearLeakyRelu: LeakyRelu (``alpha``, 0.01 by default) of the dequantized input, "
+                              "quantized.")
 
 
 def qlinear_concat(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
