@@ -45,8 +45,9 @@ def _assert_steps(got, want, steps=None) -> None:
 
 
 class _Net(torch.nn.Module):
-    """Every operator QOperator quantization writes: conv + LeakyRelu, Add, Sigmoid, Mul, Concat, AveragePool,
-    global average (ReduceMean), Gemm."""
+    """The operators QOperator quantization writes: conv + LeakyRelu, Add, Sigmoid, Mul, Concat, AveragePool,
+    global average (ReduceMean), Gemm, and MaxPool and Resize on the integers as they are (its quantizer fails on
+    a Where here: ``QLinearWhere`` is tested alone)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -59,7 +60,8 @@ class _Net(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a = self.act(self.c1(x))
         b = self.c2(a)
-        c = torch.sigmoid(a + b) * b
+        up = torch.nn.functional.interpolate(torch.nn.functional.max_pool2d(b, 2), scale_factor=2.0)
+        c = torch.sigmoid(a + b) * up
         d = torch.cat([c, a], 1)
         e = torch.nn.functional.avg_pool2d(self.c3(d), 2)
         return self.fc(torch.nn.functional.adaptive_avg_pool2d(e, 1).flatten(1))
@@ -97,7 +99,8 @@ def test_a_model_quantized_by_onnxruntime_in_qoperator_format(tmp_path, per_chan
     assert {("", "QLinearConv"), ("com.microsoft", "QLinearAdd"), ("com.microsoft", "QLinearMul"),
             ("com.microsoft", "QLinearSigmoid"), ("com.microsoft", "QLinearLeakyRelu"),
             ("com.microsoft", "QLinearConcat"), ("com.microsoft", "QLinearAveragePool"),
-            ("com.microsoft", "QLinearGlobalAveragePool"), ("com.microsoft", "QGemm")} <= ops, ops
+            ("com.microsoft", "QLinearGlobalAveragePool"), ("com.microsoft", "QGemm"),
+            ("", "MaxPool"), ("", "Resize")} <= ops, ops
     last = next(n for n in reversed(model.graph.node) if n.op_type == "DequantizeLinear")
     step = float(nh.to_array(next(i for i in model.graph.initializer if i.name == last.input[1])))
     ir = forge.from_onnx(model)
@@ -275,3 +278,13 @@ def test_a_qoperator_model_builds_for_a_gpu(tmp_path):
     model = _quantized_net(tmp_path, per_channel=True, activations="QUInt8")
     forge.from_onnx(model).compile(target="cuda -arch=sm_90", output_path=tmp_path / "cuda")
     assert (tmp_path / "cuda" / "model_library.so").is_file()
+
+
+def test_qlinear_where_broadcasts():
+    node = oh.make_node("QLinearWhere", ["c", "x", "sx", "zx", "y", "sy", "zy", "sz", "zz"], ["z"],
+                        domain="com.microsoft")
+    inits = _scalars(sx=(0.05, "float32"), zx=(100, "uint8"), sy=(0.02, "float32"), zy=(10, "uint8"),
+                     sz=(0.04, "float32"), zz=(60, "uint8"))
+    feeds = {"c": RNG.random((3, 1, 5)) > 0.5, "x": _u8((3, 4, 5)), "y": _u8((5,))}
+    _single([node], [VI("c", TensorProto.BOOL, [3, 1, 5]), VI("x", TensorProto.UINT8, [3, 4, 5]),
+                     VI("y", TensorProto.UINT8, [5])], [VI("z", TensorProto.UINT8, None)], inits, feeds)

@@ -10,8 +10,9 @@ order of float32 operations, rounded half to even and saturated:
 * ``QLinearMul``: ``(a - za) * (b - zb) * (sa * sb / sc) + zc``;
 * ``QLinearSigmoid``, ``QLinearLeakyRelu`` (onnxruntime: a table of the 256
   values): the function of the dequantized input, quantized;
-* ``QLinearConcat``: each input dequantized, then the result quantized (an
-  input already in the output's scale and zero point is copied as is);
+* ``QLinearConcat``, ``QLinearWhere``: each input dequantized, then quantized
+  to the output's scale and zero point (an input already in them is copied
+  as is);
 * ``QLinearAveragePool``: the mean of the dequantized window, quantized with
   the zero point added before rounding, as onnxruntime's kernel does;
   ``QLinearGlobalAveragePool``: the mean of each dequantized plane, quantized
@@ -138,6 +139,16 @@ def qlinear_concat(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, A
     dtype = _out_dtype(zy, triples[0][0])
     parts = [_quantized(bb, _dequantized(bb, x, s, z), sy, zy, dtype) for x, s, z in triples]
     return relax.op.concat(parts, axis=int(attrs.get("axis", 0)))
+
+
+def qlinear_where(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, Any],
+                  context: ConverterContext) -> relax.Expr:
+    """QLinearWhere: ``where(condition, X, Y)``, each of X and Y requantized to the output's scale and zero point
+    (dequantized, then quantized: onnxruntime's tables), broadcast."""
+    condition, x, sx, zx, y, sy, zy, sz, zz = _padded(inputs, 9)
+    dtype = _out_dtype(zz, x)
+    chosen = [_quantized(bb, _dequantized(bb, v, s, z), sz, zz, dtype) for v, s, z in ((x, sx, zx), (y, sy, zy))]
+    return relax.op.where(condition, *chosen)
 
 
 def _pool_padding(attrs: dict[str, Any], x: relax.Expr, kernel: list[int], strides: list[int], node: str) -> list[int]:
@@ -294,7 +305,7 @@ def dynamic_quantize_matmul(bb: relax.BlockBuilder, inputs: list[Any], attrs: di
 
 
 CONVERTERS = {"QLinearAdd": qlinear_add, "QLinearMul": qlinear_mul, "QLinearSigmoid": qlinear_sigmoid,
-              "QLinearLeakyRelu": qlinear_leaky_relu, "QLinearConcat": qlinear_concat,
+              "QLinearLeakyRelu": qlinear_leaky_relu, "QLinearConcat": qlinear_concat, "QLinearWhere": qlinear_where,
               "QLinearAveragePool": qlinear_average_pool, "QLinearGlobalAveragePool": qlinear_global_average_pool,
               "QGemm": qgemm, "QLinearSoftmax": qlinear_softmax, "MatMulIntegerToFloat": matmul_integer_to_float,
               "DynamicQuantizeMatMul": dynamic_quantize_matmul}
