@@ -342,6 +342,31 @@ def test_qlinear_matmul():
                   "b": RNG.integers(0, 255, (5, 3)).astype(np.uint8)}, rtol=0, atol=0)
 
 
+def test_qlinear_matmul_with_a_zero_point_per_row_of_a():
+    """ONNX allows one scale and zero point per row of ``a`` ([M]); onnxruntime's kernel takes one value only and
+    ONNX's reference implementation fails on it, so the reference is the specification's formula in numpy. A
+    square ``a`` (M = K): a zero point broadcast along the wrong axis would still have the right shape."""
+    tensors = {
+        "a_scale": np.array([0.05, 0.02, 0.04, 0.03], np.float32), "a_zp": np.array([120, 3, 250, 60], np.uint8),
+        "b_scale": np.array(0.02, np.float32), "b_zp": np.array(128, np.uint8),
+        "y_scale": np.array(0.1, np.float32), "y_zp": np.array(125, np.uint8),
+    }
+    inits = [numpy_helper.from_array(v, k) for k, v in tensors.items()]
+    node = helper.make_node("QLinearMatMul", ["a", "a_scale", "a_zp", "b", "b_scale", "b_zp", "y_scale", "y_zp"],
+                            ["y"])
+    graph = helper.make_graph([node], "q", [vi("a", TensorProto.UINT8, [4, 4]), vi("b", TensorProto.UINT8, [4, 3])],
+                              [vi("y", TensorProto.UINT8, [4, 3])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=IR_VERSION)
+    feeds = {"a": RNG.integers(0, 255, (4, 4)).astype(np.uint8), "b": RNG.integers(0, 255, (4, 3)).astype(np.uint8)}
+    t = tensors
+    product = (feeds["a"].astype(np.int64) - t["a_zp"].astype(np.int64)[:, None]) @ \
+        (feeds["b"].astype(np.int64) - t["b_zp"].astype(np.int64))
+    scale = (t["a_scale"][:, None] * t["b_scale"]) / t["y_scale"]
+    want = np.clip(np.rint(product.astype(np.float32) * scale) + t["y_zp"], 0, 255).astype(np.uint8)
+    got = forge.from_onnx(model).get_inference_function()(*feeds.values())
+    np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("a_zp,b_zp", [(np.uint8(131), np.int8(0)), (np.uint8(131), None), (None, None),
                                        (np.uint8(131), np.int8(3)), (np.array([131], np.uint8), None)],
                          ids=["zero_b_zp", "no_b_zp", "no_zero_points", "b_zp_3", "a_zp_one_element"])

@@ -29,8 +29,12 @@ from forge_core.errors import InvalidModelError, ModelImportError
 from forge_onnx.converters import ConverterContext
 
 
-def _centered(bb: relax.BlockBuilder, x: relax.Expr, zero_point: relax.Expr) -> relax.Expr:
-    return bb.emit(relax.op.subtract(relax.op.astype(x, "int32"), relax.op.astype(zero_point, "int32")))
+def _centered(bb: relax.BlockBuilder, x: relax.Expr, zero_point: relax.Expr, per_row: bool = False) -> relax.Expr:
+    """``x - zero_point`` in int32; ``per_row``: a zero point [M] of the left operand, one per row ([M, 1])."""
+    zero = bb.emit(relax.op.astype(zero_point, "int32"))
+    if per_row and zero_point.ty.ndim == 1:
+        zero = bb.emit(relax.op.expand_dims(zero, -1))
+    return bb.emit(relax.op.subtract(relax.op.astype(x, "int32"), zero))
 
 
 def _row_scale(bb: relax.BlockBuilder, scale: relax.Expr) -> relax.Expr:
@@ -85,7 +89,8 @@ def qlinear_matmul(bb: relax.BlockBuilder, inputs: list[Any], attrs: dict[str, A
     """QLinearMatMul: saturate(round((a - a_zp) @ (b - b_zp) * a_scale * b_scale / y_scale) + y_zp)."""
     a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp = inputs
     out_dtype = str(y_zp.ty.dtype)
-    product = bb.emit(relax.op.matmul(_centered(bb, a, a_zp), _centered(bb, b, b_zp), out_dtype="int32"))
+    product = bb.emit(relax.op.matmul(_centered(bb, a, a_zp, per_row=True), _centered(bb, b, b_zp),
+                                      out_dtype="int32"))
     scale = bb.emit(relax.op.divide(relax.op.multiply(_row_scale(bb, a_scale),
                                                       relax.op.astype(b_scale, "float32")),
                                      relax.op.astype(y_scale, "float32")))
