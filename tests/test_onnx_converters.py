@@ -326,18 +326,22 @@ def test_resize_with_a_policy_tvm_cannot_express_is_refused():
         forge.from_onnx(model)
 
 
-def test_qlinear_matmul():
-    tensors = {
-        "a_scale": np.array(0.05, np.float32), "a_zp": np.array(120, np.uint8),
-        "b_scale": np.array([0.02, 0.03, 0.04], np.float32), "b_zp": np.array([128, 100, 90], np.uint8),
-        "y_scale": np.array(0.1, np.float32), "y_zp": np.array(125, np.uint8),
-    }
+def _qlinear_matmul(tensors: dict[str, np.ndarray], a: tuple[int, int], b: tuple[int, int]) -> onnx.ModelProto:
+    """One QLinearMatMul of uint8 inputs of shapes ``a`` and ``b``, its scales and zero points ``tensors``."""
     inits = [numpy_helper.from_array(v, k) for k, v in tensors.items()]
     node = helper.make_node("QLinearMatMul", ["a", "a_scale", "a_zp", "b", "b_scale", "b_zp", "y_scale", "y_zp"],
                             ["y"])
-    graph = helper.make_graph([node], "q", [vi("a", TensorProto.UINT8, [4, 5]), vi("b", TensorProto.UINT8, [5, 3])],
-                              [vi("y", TensorProto.UINT8, [4, 3])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=IR_VERSION)
+    graph = helper.make_graph([node], "q", [vi("a", TensorProto.UINT8, list(a)), vi("b", TensorProto.UINT8, list(b))],
+                              [vi("y", TensorProto.UINT8, [a[0], b[1]])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=IR_VERSION)
+
+
+def test_qlinear_matmul():
+    model = _qlinear_matmul({
+        "a_scale": np.array(0.05, np.float32), "a_zp": np.array(120, np.uint8),
+        "b_scale": np.array([0.02, 0.03, 0.04], np.float32), "b_zp": np.array([128, 100, 90], np.uint8),
+        "y_scale": np.array(0.1, np.float32), "y_zp": np.array(125, np.uint8),
+    }, (4, 5), (5, 3))
     check(model, {"a": RNG.integers(0, 255, (4, 5)).astype(np.uint8),
                   "b": RNG.integers(0, 255, (5, 3)).astype(np.uint8)}, rtol=0, atol=0)
 
@@ -346,19 +350,13 @@ def test_qlinear_matmul_with_a_zero_point_per_row_of_a():
     """ONNX allows one scale and zero point per row of ``a`` ([M]); onnxruntime's kernel takes one value only and
     ONNX's reference implementation fails on it, so the reference is the specification's formula in numpy. A
     square ``a`` (M = K): a zero point broadcast along the wrong axis would still have the right shape."""
-    tensors = {
+    t = {
         "a_scale": np.array([0.05, 0.02, 0.04, 0.03], np.float32), "a_zp": np.array([120, 3, 250, 60], np.uint8),
         "b_scale": np.array(0.02, np.float32), "b_zp": np.array(128, np.uint8),
         "y_scale": np.array(0.1, np.float32), "y_zp": np.array(125, np.uint8),
     }
-    inits = [numpy_helper.from_array(v, k) for k, v in tensors.items()]
-    node = helper.make_node("QLinearMatMul", ["a", "a_scale", "a_zp", "b", "b_scale", "b_zp", "y_scale", "y_zp"],
-                            ["y"])
-    graph = helper.make_graph([node], "q", [vi("a", TensorProto.UINT8, [4, 4]), vi("b", TensorProto.UINT8, [4, 3])],
-                              [vi("y", TensorProto.UINT8, [4, 3])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=IR_VERSION)
+    model = _qlinear_matmul(t, (4, 4), (4, 3))
     feeds = {"a": RNG.integers(0, 255, (4, 4)).astype(np.uint8), "b": RNG.integers(0, 255, (4, 3)).astype(np.uint8)}
-    t = tensors
     product = (feeds["a"].astype(np.int64) - t["a_zp"].astype(np.int64)[:, None]) @ \
         (feeds["b"].astype(np.int64) - t["b_zp"].astype(np.int64))
     scale = (t["a_scale"][:, None] * t["b_scale"]) / t["y_scale"]
