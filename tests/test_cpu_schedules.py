@@ -167,6 +167,38 @@ def test_pointwise_tile_straddles_rows_with_bias_residual_and_clip(tmp_path, cap
     assert counts == {"PointwiseConv2dNCHW": 1}, counts
 
 
+@pytest.mark.parametrize("opt_level", [0, 1, 2, 3, 4])
+@pytest.mark.parametrize("context", ["no-epilogue", "bias-residual-clip", "batch-3-bias"])
+def test_a_pointwise_tile_clamped_to_the_maps_end_keeps_the_numbers(context, opt_level, tmp_path, caplog):
+    """A 1x1 convolution over 28x28 (49 vectors of 16 lanes, 98 of 8): the register budget's tile, 3 vectors
+    of pixels, whose last tile overlaps the one before; on this host's unit, against onnxruntime."""
+    cin, cout, batch = 33, 40, 3 if context.startswith("batch") else 1
+    inits = [numpy_helper.from_array(RNG.standard_normal((cout, cin, 1, 1)).astype(np.float32) * 0.2, "w")]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, cin, 28, 28])]
+    conv_inputs = ["x", "w"]
+    if context != "no-epilogue":
+        inits.append(numpy_helper.from_array(RNG.standard_normal(cout).astype(np.float32), "b"))
+        conv_inputs.append("b")
+    nodes = [helper.make_node("Conv", conv_inputs, ["y" if context != "bias-residual-clip" else "c"], name="conv")]
+    if context == "bias-residual-clip":
+        inputs.append(helper.make_tensor_value_info("skip", TensorProto.FLOAT, [batch, cout, 28, 28]))
+        inits += [numpy_helper.from_array(np.array(0, np.float32), "lo"),
+                  numpy_helper.from_array(np.array(6, np.float32), "hi")]
+        nodes += [helper.make_node("Add", ["c", "skip"], ["s"], name="residual"),
+                  helper.make_node("Clip", ["s", "lo", "hi"], ["y"], name="relu6")]
+    model = make_model(nodes, inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, cout, 28, 28])],
+                       inits)
+    feeds = {vi.name: RNG.standard_normal([d.dim_value for d in vi.type.tensor_type.shape.dim]).astype(np.float32)
+             for vi in model.graph.input}
+    (expected,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    with caplog.at_level(logging.INFO, logger="forge.schedule"):
+        forge.from_onnx(model).compile(output_path=tmp_path / "a", opt_level=opt_level)
+    (got,) = forge.Runtime(tmp_path / "a").infer(*feeds.values())
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * float(np.abs(expected).max()))
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("schedules:"))
+    assert "PointwiseConv2dNCHW 1" in line, line
+
+
 def test_layer_norm_and_gelu_chain(tmp_path, caplog):
     scale, bias = RNG.standard_normal(64), RNG.standard_normal(64)
     nodes = [

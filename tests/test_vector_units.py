@@ -100,8 +100,12 @@ def _dense(rows: int, k: int, cols: int, *, bias: bool, relu: bool = False):
 CASES = {
     # 144 channels: AVX2's 8-channel tile leaves one pixel vector, so 6 channels x 2 vectors (bias + ReLU)
     "pointwise-6x2-bias-relu": (lambda: _conv(24, 144, 16, bias=True, relu=True), "PointwiseConv2dNCHW"),
-    # 32 channels: 4 x 2 vectors, no epilogue at all
-    "pointwise-4x2-no-epilogue": (lambda: _conv(16, 32, 28, bias=False), "PointwiseConv2dNCHW"),
+    # 32 channels at 28x28 (98 vectors): 4 x 3 vectors, the last of 33 pixel tiles clamped to the map's end, no
+    # epilogue at all
+    "pointwise-4x3-clamped-no-epilogue": (lambda: _conv(16, 32, 28, bias=False), "PointwiseConv2dNCHW"),
+    # 40 channels, 33 input channels at 28x28: 4 x 3 (AVX2), 8 x 3 (AVX-512: 49 vectors) clamped, residual + ReLU
+    "pointwise-clamped-residual-odd": (lambda: _conv(33, 40, 28, bias=True, relu=True, residual=True),
+                                       "PointwiseConv2dNCHW"),
     # 14x14 (not whole vectors of pixels): one vector of channels x 14 pixels, residual add + ReLU
     "conv-14-pixels-residual": (lambda: _conv(64, 48, 14, bias=True, relu=True, residual=True), "Conv2dNCHW"),
     # 7x7, odd channel count of vectors (40 = 5 x 8)
@@ -232,9 +236,34 @@ def test_weight_chunks_divide_the_channels_and_skip_short_ones():
 @pytest.mark.parametrize("opt_level", [0, 2])
 @pytest.mark.parametrize("case", ["conv3x3-chunked-residual", "conv1x1-chunked-no-epilogue",
                                   "pointwise-padded-7x7-odd", "pointwise-padded-13x13-residual-odd",
-                                  "grouped-half-vectors-residual"])
+                                  "grouped-half-vectors-residual", "pointwise-clamped-residual-odd",
+                                  "pointwise-4x3-clamped-no-epilogue"])
 def test_chunked_and_padded_avx2_tiles_match_onnxruntime_at_other_opt_levels(case, opt_level, tmp_path):
     test_avx2_tiles_match_onnxruntime(case, opt_level, tmp_path)
+
+
+@pytest.mark.parametrize("target, size, tile", [
+    # 28x28: 49 vectors of 16 lanes, 98 of 8, 196 of 4; the register budget's tile is 3 vectors of pixels
+    # (8 x 3 on AVX-512 and NEON, 4 x 3 on AVX2 for 40 channels), its last tile starting at 784 - tile
+    ("llvm -mcpu=znver4", 28, 48),
+    (AVX2, 28, 24),
+    ("raspberry-pi/5", 28, 12),
+    # 56x56 on AVX2: 392 vectors, 3 does not divide them
+    (AVX2, 56, 24),
+    # 16x16 on AVX-512: 16 vectors, 6 tiles of 3 would be too few to run in parallel: the tile that divides
+    ("llvm -mcpu=znver4", 16, None),
+    # 12x12 on AVX2: 18 vectors, 3 divides them: no clamp needed
+    (AVX2, 12, None),
+])
+def test_a_pointwise_tile_is_clamped_to_the_maps_end_where_its_vectors_do_not_divide_the_map(target, size, tile):
+    """PointwiseConv2dNCHW takes the register budget's tile over any whole number of pixel vectors: the
+    pixel tiles in parallel, the last one overlapping the one before (``min(p * tile, pixels - tile)``)."""
+    script = _scheduled(_conv(33, 40, size, bias=True), target)["PointwiseConv2dNCHW"]
+    starts = re.findall(r"T\.min\(\w+ \* T\.int64\((\d+)\), T\.int64\((\d+)\)\)", script)
+    if tile is None:
+        assert not starts, script
+    else:
+        assert set(starts) == {(str(tile), str(size * size - tile))}, starts
 
 
 @pytest.mark.parametrize("target, rule", [
