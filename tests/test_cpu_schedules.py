@@ -24,7 +24,8 @@ def _host_grouped_rule() -> str:
     from forge_core.schedules.blocks import vector_unit
     from forge_core.targets.parsing import resolve_target
 
-    return "Conv2dNCHW" if vector_unit(resolve_target("llvm")).registers <= 16 else "GroupedConv2dNCHW"
+    unit = vector_unit(resolve_target("llvm"))
+    return "Conv2dNCHW" if unit.registers <= 16 or unit.bits == 512 else "GroupedConv2dNCHW"
 
 
 HOST_GROUPED_RULE = _host_grouped_rule()
@@ -101,10 +102,17 @@ def compile_and_compare(model, tmp_path, caplog):
         ("grouped", single_node("Conv", [("x", [1, 16, 8, 8])], [1, 32, 8, 8],
                                 [RNG.standard_normal((32, 4, 3, 3))], pads=[1, 1, 1, 1], group=4),
          "GroupedConv2dNCHW"),
-        # 8 a group: Conv2dNCHW's tile within a group on a 16-register unit (AVX2), the grouped rule on AVX-512
+        # 8 a group: Conv2dNCHW's tile within a group on x86 (AVX2, AVX-512), the grouped rule on NEON
         ("grouped_8_channels_a_group", single_node("Conv", [("x", [1, 32, 8, 8])], [1, 32, 8, 8],
                                                    [RNG.standard_normal((32, 8, 3, 3))], pads=[1, 1, 1, 1],
                                                    group=4), HOST_GROUPED_RULE),
+        # 4 groups of 16 input and 20 output channels over 16x16 (whole vectors of pixels): a tile within a group
+        ("grouped_pointwise", single_node("Conv", [("x", [1, 64, 16, 16])], [1, 80, 16, 16],
+                                          [RNG.standard_normal((80, 16, 1, 1)), RNG.standard_normal(80)], group=4),
+         "PointwiseConv2dNCHW"),
+        # the same over 7x7: Conv2dNCHW's tile of 4 channels of a group on x86, the grouped rule on NEON
+        ("grouped_pointwise_7x7", single_node("Conv", [("x", [1, 64, 7, 7])], [1, 80, 7, 7],
+                                              [RNG.standard_normal((80, 16, 1, 1))], group=4), HOST_GROUPED_RULE),
         ("dense", single_node("Gemm", [("x", [4, 64])], [4, 48], [RNG.standard_normal((48, 64))], transB=1),
          "Matmul"),
         ("gemv", single_node("MatMul", [("x", [1, 256])], [1, 160], [RNG.standard_normal((256, 160))]), "Matmul"),
@@ -168,18 +176,21 @@ def test_pointwise_tile_straddles_rows_with_bias_residual_and_clip(tmp_path, cap
 
 
 @pytest.mark.parametrize("opt_level", [0, 1, 2, 3, 4])
-@pytest.mark.parametrize("context", ["no-epilogue", "bias-residual-clip", "batch-3-bias"])
-def test_a_pointwise_tile_clamped_to_the_maps_end_keeps_the_numbers(context, opt_level, tmp_path, caplog):
+@pytest.mark.parametrize("context", ["no-epilogue", "bias-residual-clip", "batch-3-bias", "grouped-bias"])
+def test_pointwise_tiles_over_28x28_keep_the_numbers(context, opt_level, tmp_path, caplog):
     """A 1x1 convolution over 28x28 (49 vectors of 16 lanes, 98 of 8): the register budget's tile, 3 vectors
-    of pixels, whose last tile overlaps the one before; on this host's unit, against onnxruntime."""
-    cin, cout, batch = 33, 40, 3 if context.startswith("batch") else 1
-    inits = [numpy_helper.from_array(RNG.standard_normal((cout, cin, 1, 1)).astype(np.float32) * 0.2, "w")]
+    of pixels, whose last tile overlaps the one before; 4 groups of 16 -> 20 channels, a tile within a group;
+    on this host's unit, against onnxruntime."""
+    group = 4 if context.startswith("grouped") else 1
+    (cin, cout), batch = (64, 80) if group > 1 else (33, 40), 3 if context.startswith("batch") else 1
+    inits = [numpy_helper.from_array(RNG.standard_normal((cout, cin // group, 1, 1)).astype(np.float32) * 0.2, "w")]
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, cin, 28, 28])]
     conv_inputs = ["x", "w"]
     if context != "no-epilogue":
         inits.append(numpy_helper.from_array(RNG.standard_normal(cout).astype(np.float32), "b"))
         conv_inputs.append("b")
-    nodes = [helper.make_node("Conv", conv_inputs, ["y" if context != "bias-residual-clip" else "c"], name="conv")]
+    nodes = [helper.make_node("Conv", conv_inputs, ["y" if context != "bias-residual-clip" else "c"], name="conv",
+                              group=group)]
     if context == "bias-residual-clip":
         inputs.append(helper.make_tensor_value_info("skip", TensorProto.FLOAT, [batch, cout, 28, 28]))
         inits += [numpy_helper.from_array(np.array(0, np.float32), "lo"),

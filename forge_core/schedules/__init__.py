@@ -19,7 +19,8 @@ Rules, most specific first:
 * :class:`PointwiseConv2dNCHW`: 1x1 convolution (stride 1, no padding) on
   feature maps of whole vectors of pixels: a matrix product vectorized along
   the pixels, a register tile of up to 8 output channels by several vectors (the
-  last pixel tile overlapping the one before where the tile does not divide the map).
+  last pixel tile overlapping the one before where the tile does not divide the map);
+  grouped ones too, each tile within one group.
 * :class:`PaddedPointwiseConv2dNCHW` (16-register units, AVX2): 1x1
   convolutions over maps whose pixels are not whole vectors and whose rows
   are too short for Conv2dNCHW's multi-vector tile (7x7, 13x13), rebuilt

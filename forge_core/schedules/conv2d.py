@@ -82,10 +82,11 @@ class Conv2dNCHW(dlight.ScheduleRule):
         found = ungrouped_conv(func)
         groups = 1
         if found is None:
-            # Grouped (not depthwise) convolutions too on 16-register units: GroupedConv2dNCHW's row tile
-            # computed ShuffleNet's grouped 1x1 convolutions at about 9 GFLOP/s (the model 0.65x the time
-            # with this tile, AMD EPYC Zen 3); not measured on the 32-register units, which keep it.
-            grouped = grouped_conv(func) if unit.registers <= 16 else None
+            # Grouped (not depthwise) convolutions too on x86 (16-register units, and AVX-512): GroupedConv2dNCHW's
+            # row tile computed ShuffleNet's grouped 1x1 convolutions at about 9 GFLOP/s (the model 0.65x the time
+            # with this tile, AMD EPYC Zen 3; on an AMD EPYC Zen 5 with AVX-512, 4 groups at 7x7, 544 -> 544
+            # 0.21 -> 0.06 ms, 1088 -> 272 0.33 -> 0.14 ms); not measured on NEON, which keeps it.
+            grouped = grouped_conv(func) if unit.registers <= 16 or unit.bits == 512 else None
             if grouped is None:
                 return None
             *found, groups = grouped
@@ -97,9 +98,10 @@ class Conv2dNCHW(dlight.ScheduleRule):
         channels_out, width = extent(sch, f) // groups, extent(sch, x)
         dtype = str(stmt.writes[0].source.dtype)
         vec = unit.vector_factor(channels_out, dtype)
-        if groups > 1 and vec < unit.lanes(dtype) // 2:
+        if groups > 1 and vec < min(4, unit.lanes(dtype) // 2):
             # A tile's channels must belong to one group (they broadcast the same input pixel); ShuffleNet's
-            # 68 channels a group take half vectors (4 lanes, xmm), fewer lanes stay GroupedConv2dNCHW's.
+            # 68 channels a group take 4 lanes (xmm: half an AVX2 vector, a quarter of AVX-512's), fewer lanes
+            # stay GroupedConv2dNCHW's.
             return None
         tile_x = largest_divisor(width, unit.accumulators if vec < unit.lanes(dtype) else min(16, unit.accumulators))
         one_by_one = [int(d) for d in weight.shape[2:]] == [1, 1]
