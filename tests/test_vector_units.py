@@ -276,11 +276,40 @@ def test_a_pointwise_tile_is_clamped_to_the_maps_end_where_its_vectors_do_not_di
 
 @pytest.mark.parametrize("target, rule", [
     (AVX2, "PaddedPointwiseConv2dNCHW"),
-    # 32 registers: Conv2dNCHW's two-vector tile (not measured against this rule: no AVX-512 machine then)
-    ("llvm -mcpu=znver4", "Conv2dNCHW"),
+    ("llvm -mcpu=znver4", "PaddedPointwiseConv2dNCHW"),
+    # NEON: Conv2dNCHW's two-vector tile (not measured against this rule)
+    ("raspberry-pi/5", "Conv2dNCHW"),
 ])
-def test_padded_pointwise_rule_is_avx2s(target, rule):
+def test_padded_pointwise_rule_is_x86s(target, rule):
     assert rule in _scheduled(_conv(256, 40, 7, bias=True, relu=True), target)
+
+
+AVX512 = "llvm -mcpu=znver4"
+
+
+PADDED_ON_AVX512 = {
+    "7x7-bias-relu-odd": lambda: _conv(256, 40, 7, bias=True, relu=True),
+    "13x13-residual-odd": lambda: _conv(264, 24, 13, bias=True, residual=True),
+    "13x13-no-epilogue": lambda: _conv(264, 24, 13, bias=False),
+}
+
+
+@pytest.mark.parametrize("opt_level", [0, 1, 2, 3, 4])
+@pytest.mark.parametrize("case", sorted(PADDED_ON_AVX512))
+def test_padded_pointwise_tiles_on_avx512_match_onnxruntime(case, opt_level, tmp_path):
+    """The padded pixels on AVX-512 (16 lanes: 49 -> 64, 169 -> 192; tiles of up to 24 accumulators), with and
+    without an epilogue, at every opt_level. (32 channels, whole vectors of them, keep Conv2dNCHW's two-vector
+    tile there, as on AVX2.)"""
+    if not can_run(resolve_target(AVX512)):
+        pytest.skip("this CPU has no AVX-512 to run znver4 code on")
+    model = PADDED_ON_AVX512[case]()
+    assert "PaddedPointwiseConv2dNCHW" in _scheduled(model, AVX512)
+    feeds = {vi.name: RNG.standard_normal([d.dim_value for d in vi.type.tensor_type.shape.dim]).astype(np.float32)
+             for vi in model.graph.input}
+    (expected,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    forge.from_onnx(model).compile(target=AVX512, output_path=tmp_path / "a", opt_level=opt_level)
+    (got,) = forge.Runtime(tmp_path / "a").infer(*feeds.values())
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * float(np.abs(expected).max()))
 
 
 @pytest.mark.parametrize("build", [

@@ -21,7 +21,7 @@ Rules, most specific first:
   the pixels, a register tile of up to 8 output channels by several vectors (the
   last pixel tile overlapping the one before where the tile does not divide the map);
   grouped ones too, each tile within one group.
-* :class:`PaddedPointwiseConv2dNCHW` (16-register units, AVX2): 1x1
+* :class:`PaddedPointwiseConv2dNCHW` (x86: AVX2, AVX-512): 1x1
   convolutions over maps whose pixels are not whole vectors and whose rows
   are too short for Conv2dNCHW's multi-vector tile (7x7, 13x13), rebuilt
   on a copy of the input padded to whole pixel tiles, the reduction in chunks.
