@@ -110,9 +110,10 @@ def compile_and_compare(model, tmp_path, caplog):
         ("grouped_pointwise", single_node("Conv", [("x", [1, 64, 16, 16])], [1, 80, 16, 16],
                                           [RNG.standard_normal((80, 16, 1, 1)), RNG.standard_normal(80)], group=4),
          "PointwiseConv2dNCHW"),
-        # the same over 7x7: Conv2dNCHW's tile of 4 channels of a group on x86, the grouped rule on NEON
+        # the same over 7x7 (49 pixels: not whole vectors): tiles of 2 vectors, the last clamped to the map's end
         ("grouped_pointwise_7x7", single_node("Conv", [("x", [1, 64, 7, 7])], [1, 80, 7, 7],
-                                              [RNG.standard_normal((80, 16, 1, 1))], group=4), HOST_GROUPED_RULE),
+                                              [RNG.standard_normal((80, 16, 1, 1))], group=4),
+         "PointwiseConv2dNCHW"),
         ("dense", single_node("Gemm", [("x", [4, 64])], [4, 48], [RNG.standard_normal((48, 64))], transB=1),
          "Matmul"),
         ("gemv", single_node("MatMul", [("x", [1, 256])], [1, 160], [RNG.standard_normal((256, 160))]), "Matmul"),
@@ -176,29 +177,32 @@ def test_pointwise_tile_straddles_rows_with_bias_residual_and_clip(tmp_path, cap
 
 
 @pytest.mark.parametrize("opt_level", [0, 1, 2, 3, 4])
-@pytest.mark.parametrize("context", ["no-epilogue", "bias-residual-clip", "batch-3-bias", "grouped-bias"])
-def test_pointwise_tiles_over_28x28_keep_the_numbers(context, opt_level, tmp_path, caplog):
+@pytest.mark.parametrize("context", ["no-epilogue", "bias-residual-clip", "batch-3-bias", "grouped-bias",
+                                     "grouped-14x14-bias", "grouped-14x14-bias-residual-clip"])
+def test_pointwise_tiles_clamped_to_the_maps_end_keep_the_numbers(context, opt_level, tmp_path, caplog):
     """A 1x1 convolution over 28x28 (49 vectors of 16 lanes, 98 of 8): the register budget's tile, 3 vectors
     of pixels, whose last tile overlaps the one before; 4 groups of 16 -> 20 channels, a tile within a group;
-    on this host's unit, against onnxruntime."""
+    grouped over 14x14 (196 pixels: not whole vectors on x86), the channel tiles in parallel; on this host's
+    unit, against onnxruntime."""
     group = 4 if context.startswith("grouped") else 1
+    size = 14 if "14x14" in context else 28
     (cin, cout), batch = (64, 80) if group > 1 else (33, 40), 3 if context.startswith("batch") else 1
     inits = [numpy_helper.from_array(RNG.standard_normal((cout, cin // group, 1, 1)).astype(np.float32) * 0.2, "w")]
-    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, cin, 28, 28])]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, cin, size, size])]
     conv_inputs = ["x", "w"]
     if context != "no-epilogue":
         inits.append(numpy_helper.from_array(RNG.standard_normal(cout).astype(np.float32), "b"))
         conv_inputs.append("b")
-    nodes = [helper.make_node("Conv", conv_inputs, ["y" if context != "bias-residual-clip" else "c"], name="conv",
-                              group=group)]
-    if context == "bias-residual-clip":
-        inputs.append(helper.make_tensor_value_info("skip", TensorProto.FLOAT, [batch, cout, 28, 28]))
+    residual = context.endswith("bias-residual-clip")
+    nodes = [helper.make_node("Conv", conv_inputs, ["c" if residual else "y"], name="conv", group=group)]
+    if residual:
+        inputs.append(helper.make_tensor_value_info("skip", TensorProto.FLOAT, [batch, cout, size, size]))
         inits += [numpy_helper.from_array(np.array(0, np.float32), "lo"),
                   numpy_helper.from_array(np.array(6, np.float32), "hi")]
         nodes += [helper.make_node("Add", ["c", "skip"], ["s"], name="residual"),
                   helper.make_node("Clip", ["s", "lo", "hi"], ["y"], name="relu6")]
-    model = make_model(nodes, inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, cout, 28, 28])],
-                       inits)
+    model = make_model(nodes, inputs,
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, cout, size, size])], inits)
     feeds = {vi.name: RNG.standard_normal([d.dim_value for d in vi.type.tensor_type.shape.dim]).astype(np.float32)
              for vi in model.graph.input}
     (expected,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)

@@ -128,10 +128,17 @@ CASES = {
                                             "PaddedPointwiseConv2dNCHW"),
     # 7x7, no epilogue at all: the write-back is a copy of the real pixels
     "pointwise-padded-no-epilogue": (lambda: _conv(256, 32, 7, bias=False), "PaddedPointwiseConv2dNCHW"),
-    # ShuffleNet's grouped 1x1 convolution: 4 groups of 16 input and 20 output channels (half vectors: 4
-    # lanes), residual add + ReLU; each tile within one group
-    "grouped-half-vectors-residual": (lambda: _conv(64, 80, 14, bias=True, relu=True, residual=True, group=4),
-                                      "Conv2dNCHW"),
+    # a grouped 3x3 convolution: 4 groups of 16 input and 20 output channels (half vectors: 4 lanes), residual
+    # add + ReLU; each tile within one group
+    "grouped-half-vectors-residual": (lambda: _conv(64, 80, 14, bias=True, relu=True, residual=True, group=4,
+                                                    kernel=3), "Conv2dNCHW"),
+    # ShuffleNet's grouped 1x1 convolution over 14x14 (196 pixels: not whole vectors on x86): PointwiseConv2dNCHW's
+    # 4 channels of a group x 2 vectors, the last pixel tile clamped, the channel tiles in parallel; residual + ReLU
+    "grouped-pointwise-14x14-clamped-residual": (lambda: _conv(64, 80, 14, bias=True, relu=True, residual=True,
+                                                               group=4), "PointwiseConv2dNCHW"),
+    # 7x7 (49 pixels), 16 channels a group: 8 x 2 (AVX-512), 4 x 2 (AVX2), no epilogue
+    "grouped-pointwise-7x7-clamped-no-epilogue": (lambda: _conv(64, 64, 7, bias=False, group=4),
+                                                  "PointwiseConv2dNCHW"),
     # a grouped 1x1 convolution over 28x28 (whole vectors of pixels): PointwiseConv2dNCHW's tile within one
     # group, 4 of its 20 channels x 3 vectors (AVX2, clamped; AVX-512 and NEON 4 x 7), residual add + ReLU
     "grouped-pointwise-residual": (lambda: _conv(64, 80, 28, bias=True, relu=True, residual=True, group=4),
@@ -245,7 +252,9 @@ def test_weight_chunks_divide_the_channels_and_skip_short_ones():
 @pytest.mark.parametrize("case", ["conv3x3-chunked-residual", "conv1x1-chunked-no-epilogue",
                                   "pointwise-padded-7x7-odd", "pointwise-padded-13x13-residual-odd",
                                   "grouped-half-vectors-residual", "pointwise-clamped-residual-odd",
-                                  "pointwise-4x3-clamped-no-epilogue", "grouped-pointwise-residual"])
+                                  "pointwise-4x3-clamped-no-epilogue", "grouped-pointwise-residual",
+                                  "grouped-pointwise-14x14-clamped-residual",
+                                  "grouped-pointwise-7x7-clamped-no-epilogue"])
 def test_chunked_and_padded_avx2_tiles_match_onnxruntime_at_other_opt_levels(case, opt_level, tmp_path):
     test_avx2_tiles_match_onnxruntime(case, opt_level, tmp_path)
 
@@ -272,6 +281,16 @@ def test_a_pointwise_tile_is_clamped_to_the_maps_end_where_its_vectors_do_not_di
         assert not starts, script
     else:
         assert set(starts) == {(str(tile), str(size * size - tile))}, starts
+
+
+@pytest.mark.parametrize("target, tile", [("llvm -mcpu=znver4", 32), (AVX2, 16)])
+def test_a_grouped_pointwise_tile_over_partial_vectors_is_clamped_with_the_channel_tiles_in_parallel(target, tile):
+    """196 pixels (14x14) are not whole x86 vectors: tiles of 2 vectors, the last starting at 196 - tile, each of
+    the 20 parallel tasks (4 channels of a group) computing every pixel tile."""
+    script = _scheduled(_conv(64, 80, 14, bias=True, group=4), target)["PointwiseConv2dNCHW"]
+    starts = re.findall(r"T\.min\(\w+ \* T\.int64\((\d+)\), T\.int64\((\d+)\)\)", script)
+    assert set(starts) == {(str(tile), str(196 - tile))}, starts
+    assert re.search(r"in T\.parallel\(T\.int64\(20\)\)", script), script
 
 
 @pytest.mark.parametrize("target, rule", [

@@ -29,6 +29,9 @@ CHANNEL_TILES = (8, 6, 4)
 GROUP_TILES = (8, 6, 4, 2)
 # Below this many pixel vectors per row of the tile, Conv2dNCHW's tile is as good.
 MIN_PIXEL_VECTORS = 2
+# A grouped convolution over a map whose pixels are not whole vectors: at most this many vectors a tile (ShuffleNet's
+# 68 channels a group at 14x14, AVX-512, one process, interleaved: 4 x 7 vectors 1.55x the time of 4 x 3).
+MOST_CLAMPED_VECTORS = 4
 # From this many pixel tiles, the pixel tiles alone run in parallel, each thread computing every channel tile of
 # its pixels (which stay in cache); fewer are fused with the channel tiles, so that the threads have work.
 # Measured one process, interleaved, on an AMD EPYC Zen 4 (2 cores), against (pixel tile, channel tile) fused:
@@ -46,7 +49,10 @@ class PointwiseConv2dNCHW(dlight.ScheduleRule):
     they share each input vector. ShuffleNet's 4 groups at 28x28, one process, interleaved, against the tiles
     they had: AVX-512 (GroupedConv2dNCHW's rows) 136 -> 136 0.36 -> 0.062 ms, 112 -> 112 0.123 -> 0.059 ms;
     AVX2 (x86-64-v3, Conv2dNCHW's half vectors) 0.31 -> 0.107 ms, 0.080 -> 0.049 ms, 272 -> 272 1.05 -> 0.89 ms
-    (AMD EPYC Zen 5).
+    (AMD EPYC Zen 5). A grouped convolution over a map whose pixels are not whole vectors (14x14, 7x7) takes
+    tiles of 2 to :data:`MOST_CLAMPED_VECTORS` vectors, the last clamped to the map's end, the channel tiles in
+    parallel (few pixel tiles): 272 -> 272 at 14x14 0.48x Conv2dNCHW's quarter vectors on AVX-512, 0.61-0.67x
+    its half vectors on AVX2; 544 -> 544 at 7x7 0.68x its half vectors on AVX-512.
 
     Weights are repacked to ``[F/mf, C, 1, 1, mf]`` so that the ``mf`` scalars
     broadcast at each input channel are adjacent. The pixel axis is the fused
@@ -71,16 +77,26 @@ class PointwiseConv2dNCHW(dlight.ScheduleRule):
         unit = vector_unit(target)
         lanes = unit.lanes(str(sch.get(conv).writes[0].source.dtype))
         pixels = height * width
+        tiles = GROUP_TILES if groups > 1 else CHANNEL_TILES
+        by_channel_tiles = False
         if pixels % lanes:
-            return None
-        # The widest channel tile that leaves room for MIN_PIXEL_VECTORS vectors of pixels: on AVX-512
-        # (28 accumulators) 8 x 3; on AVX2 (14) 8 channels leave one vector, so 6 x 2 or 4 x 3.
-        vectors = pixels // lanes
-        mf, nv = _static_tile(channels_out, unit, vectors, extent(sch, n), GROUP_TILES if groups > 1 else CHANNEL_TILES)
-        if nv < MIN_PIXEL_VECTORS:
-            return None
-        clamped = vectors % nv != 0
-        p_outer = _tile_pixels(sch, conv, mf, nv, lanes, width, by_pixel_tiles=clamped)
+            if groups == 1:
+                return None  # Conv2dNCHW's or PaddedPointwiseConv2dNCHW's
+            mf, most = _register_tile(channels_out, unit, None, tiles)
+            nv = _fewest_computed(pixels, lanes, range(MIN_PIXEL_VECTORS, min(most, MOST_CLAMPED_VECTORS) + 1))
+            if nv is None:
+                return None
+            clamped = by_channel_tiles = True
+        else:
+            # The widest channel tile that leaves room for MIN_PIXEL_VECTORS vectors of pixels: on AVX-512
+            # (28 accumulators) 8 x 3; on AVX2 (14) 8 channels leave one vector, so 6 x 2 or 4 x 3.
+            vectors = pixels // lanes
+            mf, nv = _static_tile(channels_out, unit, vectors, extent(sch, n), tiles)
+            if nv < MIN_PIXEL_VECTORS:
+                return None
+            clamped = vectors % nv != 0
+        p_outer = _tile_pixels(sch, conv, mf, nv, lanes, width, by_pixel_tiles=clamped and not by_channel_tiles,
+                               by_channel_tiles=by_channel_tiles)
         if p_outer is None:
             return None
         if clamped:
@@ -167,12 +183,21 @@ def _static_tile(channels_out: int, unit, vectors: int, images: int,
     return _register_tile(channels_out, unit, vectors, tiles)
 
 
+def _fewest_computed(pixels: int, lanes: int, choices: range) -> int | None:
+    """The vectors of pixels a clamped tile takes over a map of ``pixels``: the choice computing the fewest
+    pixels (its tiles overlap), the most vectors among equals; None when the map is narrower than every tile."""
+    fits = [nv for nv in choices if nv * lanes <= pixels]
+    return min(fits, key=lambda nv: (-(-pixels // (nv * lanes)) * nv, -nv)) if fits else None
+
+
 def _tile_pixels(sch: s_tir.Schedule, conv: s_tir.SBlockRV, mf: int, nv: int, lanes: int, width,
-                 by_pixel_tiles: bool = False) -> s_tir.LoopRV | None:
+                 by_pixel_tiles: bool = False, by_channel_tiles: bool = False) -> s_tir.LoopRV | None:
     """Schedule ``conv`` (and its epilogue) as ``mf`` channels x ``nv`` vectors over the fused pixel axis; the
     pixel-tile loop, or None when the epilogue reshapes. (image, pixel tile) fused and parallel, with the channel
     tile too below :data:`PARALLEL_PIXEL_TILES`; ``by_pixel_tiles`` (a dynamic map, or a static one whose last
-    tile is clamped): the pixel tiles alone in parallel, the images outside (the clamp rewrites that loop)."""
+    tile is clamped): the pixel tiles alone in parallel, the images outside (the clamp rewrites that loop);
+    ``by_channel_tiles`` (a map of few pixel tiles, its last clamped): (image, channel tile) fused and parallel,
+    each task computing every pixel tile of its channels."""
     stmt = sch.get(conv)
     epilogue = split_epilogue(sch, conv)
     if epilogue is None:
@@ -202,12 +227,17 @@ def _tile_pixels(sch: s_tir.Schedule, conv: s_tir.SBlockRV, mf: int, nv: int, la
     n, f, p, rc, ry, rx = sch.get_loops(conv)
     f_outer, f_inner = sch.split(f, [None, mf])
     p_outer, p_vectors, p_lanes = sch.split(p, [None, nv, lanes])
-    sch.reorder(n, p_outer, f_outer, rc, ry, rx, f_inner, p_vectors, p_lanes)
+    if by_channel_tiles:
+        sch.reorder(n, f_outer, p_outer, rc, ry, rx, f_inner, p_vectors, p_lanes)
+    else:
+        sch.reorder(n, p_outer, f_outer, rc, ry, rx, f_inner, p_vectors, p_lanes)
     writer = attach_epilogue(sch, conv, epilogue)
-    sch.reverse_compute_at(writer, f_outer)
+    sch.reverse_compute_at(writer, p_outer if by_channel_tiles else f_outer)
     _, writer_lanes = sch.split(sch.get_loops(writer)[-1], [None, lanes])
     sch.vectorize(writer_lanes)
-    if by_pixel_tiles or extent(sch, n) * extent(sch, p_outer) >= PARALLEL_PIXEL_TILES:
+    if by_channel_tiles:
+        sch.parallel(sch.fuse(n, f_outer))
+    elif by_pixel_tiles or extent(sch, n) * extent(sch, p_outer) >= PARALLEL_PIXEL_TILES:
         sch.parallel(p_outer if by_pixel_tiles else sch.fuse(n, p_outer))
     else:
         sch.parallel(sch.fuse(n, p_outer, f_outer))
