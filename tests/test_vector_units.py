@@ -313,6 +313,55 @@ PADDED_ON_AVX512 = {
 }
 
 
+def _strided_conv(cin: int, cout: int, size: int, *, stride: int, epilogue: str, batch: int = 1):
+    """A 3x3 convolution with no padding, the epilogue asked for ("none", "bias-relu", "bias-residual")."""
+    out = (size - 3) // stride + 1
+    inits = [numpy_helper.from_array(RNG.standard_normal((cout, cin, 3, 3)).astype(np.float32) * 0.2, "w")]
+    conv_inputs = ["x", "w"]
+    if epilogue != "none":
+        inits.append(numpy_helper.from_array(RNG.standard_normal(cout).astype(np.float32), "b"))
+        conv_inputs.append("b")
+    steps = {"none": [], "bias-relu": [("Relu", None)], "bias-residual": [("Add", "r")]}[epilogue]
+    nodes = _epilogue([helper.make_node("Conv", conv_inputs, ["c"], name="conv", strides=[stride] * 2)], steps)
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, cin, size, size])]
+    if epilogue == "bias-residual":
+        inputs.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, [batch, cout, out, out]))
+    return make_model(nodes, inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, cout, out, out])],
+                      inits)
+
+
+# Rows of 111 (3 x 37: SqueezeNet's stem) and 37 pixels: on AVX-512 Conv2dNCHW's tile of 16 (and 13) pixels,
+# the last of a row clamped to its end; AVX2's and NEON's tiles divide the row.
+CLAMPED_ROWS = {
+    "stem-111-bias-relu": (lambda: _strided_conv(3, 64, 224, stride=2, epilogue="bias-relu"), 16, 111),
+    "37-no-epilogue": (lambda: _strided_conv(8, 32, 39, stride=1, epilogue="none"), 13, 37),
+    "37-batch-2-residual": (lambda: _strided_conv(8, 32, 39, stride=1, epilogue="bias-residual", batch=2), 13, 37),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CLAMPED_ROWS))
+@pytest.mark.parametrize("target", [AVX512, AVX2, "raspberry-pi/5"])
+def test_rows_of_few_divisors_take_a_clamped_tile_on_avx512(case, target):
+    build, tile, width = CLAMPED_ROWS[case]
+    script = _scheduled(build(), target)["Conv2dNCHW"]
+    starts = set(re.findall(r"T\.min\(\w+ \* T\.int64\((\d+)\), T\.int64\((\d+)\)\)", script))
+    assert starts == ({(str(tile), str(width - tile))} if target == AVX512 else set()), starts
+
+
+@pytest.mark.parametrize("opt_level", [0, 1, 2, 3, 4])
+@pytest.mark.parametrize("case", sorted(CLAMPED_ROWS))
+def test_clamped_row_tiles_on_avx512_match_onnxruntime(case, opt_level, tmp_path):
+    if not can_run(resolve_target(AVX512)):
+        pytest.skip("this CPU has no AVX-512 to run znver4 code on")
+    model = CLAMPED_ROWS[case][0]()
+    feeds = {vi.name: RNG.standard_normal([d.dim_value for d in vi.type.tensor_type.shape.dim]).astype(np.float32)
+             for vi in model.graph.input}
+    (expected,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    forge.from_onnx(model).compile(target=AVX512, output_path=tmp_path / "a", opt_level=opt_level)
+    (got,) = forge.Runtime(tmp_path / "a").infer(*feeds.values())
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * float(np.abs(expected).max()))
+
+
 @pytest.mark.parametrize("opt_level", [0, 1, 2, 3, 4])
 @pytest.mark.parametrize("case", sorted(PADDED_ON_AVX512))
 def test_padded_pointwise_tiles_on_avx512_match_onnxruntime(case, opt_level, tmp_path):
