@@ -210,15 +210,18 @@ def test_the_rules_vectorize_by_the_class_registers(case, target):
 @pytest.mark.parametrize("opt_level", [1, 3])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_avx2_tiles_match_onnxruntime(case, opt_level, tmp_path):
-    target = resolve_target(AVX2)
-    if not can_run(target):
-        pytest.skip("this CPU has no AVX2 and FMA to run x86-64-v3 code on")
     build, _ = CASES[case]
-    model = build()
+    _matches_onnxruntime(build(), AVX2, opt_level, tmp_path)
+
+
+def _matches_onnxruntime(model, target: str, opt_level: int, tmp_path) -> None:
+    """``model`` compiled for ``target`` gives onnxruntime's numbers (skipped where this CPU cannot run it)."""
+    if not can_run(resolve_target(target)):
+        pytest.skip(f"this CPU lacks what {target} code needs (AVX2 and FMA, or AVX-512)")
     feeds = {vi.name: RNG.standard_normal([d.dim_value for d in vi.type.tensor_type.shape.dim]).astype(np.float32)
              for vi in model.graph.input}
     (expected,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
-    forge.from_onnx(model).compile(target=AVX2, output_path=tmp_path / "a", opt_level=opt_level)
+    forge.from_onnx(model).compile(target=target, output_path=tmp_path / "a", opt_level=opt_level)
     (got,) = forge.Runtime(tmp_path / "a").infer(*feeds.values())
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * float(np.abs(expected).max()))
 
@@ -351,15 +354,7 @@ def test_rows_of_few_divisors_take_a_clamped_tile_on_avx512(case, target):
 @pytest.mark.parametrize("opt_level", [0, 1, 2, 3, 4])
 @pytest.mark.parametrize("case", sorted(CLAMPED_ROWS))
 def test_clamped_row_tiles_on_avx512_match_onnxruntime(case, opt_level, tmp_path):
-    if not can_run(resolve_target(AVX512)):
-        pytest.skip("this CPU has no AVX-512 to run znver4 code on")
-    model = CLAMPED_ROWS[case][0]()
-    feeds = {vi.name: RNG.standard_normal([d.dim_value for d in vi.type.tensor_type.shape.dim]).astype(np.float32)
-             for vi in model.graph.input}
-    (expected,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
-    forge.from_onnx(model).compile(target=AVX512, output_path=tmp_path / "a", opt_level=opt_level)
-    (got,) = forge.Runtime(tmp_path / "a").infer(*feeds.values())
-    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * float(np.abs(expected).max()))
+    _matches_onnxruntime(CLAMPED_ROWS[case][0](), AVX512, opt_level, tmp_path)
 
 
 @pytest.mark.parametrize("opt_level", [0, 1, 2, 3, 4])
@@ -368,16 +363,9 @@ def test_padded_pointwise_tiles_on_avx512_match_onnxruntime(case, opt_level, tmp
     """The padded pixels on AVX-512 (16 lanes: 49 -> 64, 169 -> 192; tiles of up to 24 accumulators), with and
     without an epilogue, at every opt_level. (32 channels, whole vectors of them, keep Conv2dNCHW's two-vector
     tile there, as on AVX2.)"""
-    if not can_run(resolve_target(AVX512)):
-        pytest.skip("this CPU has no AVX-512 to run znver4 code on")
     model = PADDED_ON_AVX512[case]()
     assert "PaddedPointwiseConv2dNCHW" in _scheduled(model, AVX512)
-    feeds = {vi.name: RNG.standard_normal([d.dim_value for d in vi.type.tensor_type.shape.dim]).astype(np.float32)
-             for vi in model.graph.input}
-    (expected,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
-    forge.from_onnx(model).compile(target=AVX512, output_path=tmp_path / "a", opt_level=opt_level)
-    (got,) = forge.Runtime(tmp_path / "a").infer(*feeds.values())
-    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * float(np.abs(expected).max()))
+    _matches_onnxruntime(model, AVX512, opt_level, tmp_path)
 
 
 @pytest.mark.parametrize("build", [
