@@ -137,6 +137,7 @@ def arm64_root() -> Path:
     if not (root / "usr" / "bin" / "python3.11").is_file():
         partial = root.with_name(root.name + ".part")
         shutil.rmtree(partial, ignore_errors=True)
+        root.parent.mkdir(parents=True, exist_ok=True)  # mmdebstrap needs the target's directory to exist
         done = subprocess.run(["mmdebstrap", "--mode=auto", "--variant=extract", "--architectures=arm64",
                                "--include=python3.11,python3-numpy,libstdc++6", "bookworm", str(partial)],
                               capture_output=True, text=True, timeout=900)
@@ -420,15 +421,40 @@ np.savez(sys.argv[4], **outputs)
 """
 
 
+def _grouped_pointwise() -> onnx.ModelProto:
+    """ShuffleNet's grouped 1x1 convolutions (4 groups) over 28x28, 14x14 and 7x7: on NEON PointwiseConv2dNCHW's
+    tiles within a group, whole vectors (28x28), the last pixel tile clamped (14x14: 49 vectors of 4 lanes), and
+    pixels that are not whole vectors, the channel tiles in parallel (7x7)."""
+    from model_factory import make_model
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(36)
+    shapes = {"w0": (80, 16), "w1": (64, 20), "w2": (64, 16)}
+    inits = [numpy_helper.from_array((rng.standard_normal((*shape, 1, 1)) / 4).astype(np.float32), name)
+             for name, shape in shapes.items()]
+    inits += [numpy_helper.from_array(rng.standard_normal(80).astype(np.float32), "b0")]
+    nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], group=4, name="g28"),
+             helper.make_node("Relu", ["c0"], ["r0"], name="relu"),
+             helper.make_node("MaxPool", ["r0"], ["p0"], kernel_shape=[2, 2], strides=[2, 2], name="pool0"),
+             helper.make_node("Conv", ["p0", "w1"], ["c1"], group=4, name="g14"),
+             helper.make_node("MaxPool", ["c1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2], name="pool1"),
+             helper.make_node("Conv", ["p1", "w2"], ["y"], group=4, name="g7")]
+    return make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 28, 28])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 7, 7])], inits)
+
+
 def test_mobilenetv2_a_bert_encoder_and_an_int8_model_run_under_qemu(arm64_root, tmp_path):
     """Real architectures for the boards, run by Debian's arm64 Python: MobileNetV2 (width 0.5, 32x32) for
-    raspberry-pi/5 and raspberry-pi/4, a BERT encoder (transformers, 2 layers, 16 tokens) for raspberry-pi/5, each
-    against onnxruntime on this machine (rel err <= 1e-4 of the output's range); MobileNetV2 quantized by Forge
-    (per channel, ``sdot``) against its own x86 build on this machine (SQNR >= 40 dB where the kernels round
-    differently, and the same class)."""
+    raspberry-pi/5 and raspberry-pi/4, a BERT encoder (transformers, 2 layers, 16 tokens) and grouped 1x1
+    convolutions for raspberry-pi/5, each against onnxruntime on this machine (rel err <= 1e-4 of the output's
+    range); a model onnxruntime quantized in its QOperator format (QLinearConv, QLinearAdd, QGemm...) for
+    raspberry-pi/5 within one quantization step of onnxruntime; MobileNetV2 quantized by Forge (per channel,
+    ``sdot``) against its own x86 build on this machine (SQNR >= 40 dB where the kernels round differently, and
+    the same class)."""
     import onnx
     from hf_models import ARCHITECTURES
     from model_factory import export_torch
+    from test_onnx_qoperator import _assert_steps, _quantized_net
 
     serialized, _ = _small_mobilenetv2()
     mobilenet = onnx.load_from_string(serialized)
@@ -438,7 +464,11 @@ def test_mobilenetv2_a_bert_encoder_and_an_int8_model_run_under_qemu(arm64_root,
     rng = np.random.default_rng(35)
     images = [rng.standard_normal((1, 3, 32, 32)).astype(np.float32) for _ in range(6)]
     tokens = {n: t.numpy() for n, t in zip(names, arch.inputs(batch=1, length=16, seed=1), strict=True)}
-    feeds = {"image": images[5], **{f"bert_{n}": v for n, v in tokens.items()}}
+    grouped = _grouped_pointwise()
+    qoperator = _quantized_net(tmp_path, True, "QUInt8")
+    maps = rng.standard_normal((1, 64, 28, 28)).astype(np.float32)
+    small = rng.standard_normal((1, 3, 18, 18)).astype(np.float32)
+    feeds = {"image": images[5], **{f"bert_{n}": v for n, v in tokens.items()}, "maps": maps, "small": small}
     quantized = forge.from_onnx(mobilenet)
     quantized.calibrate(images[:4])
     quantized.quantize(per_channel=True)
@@ -446,7 +476,9 @@ def test_mobilenetv2_a_bert_encoder_and_an_int8_model_run_under_qemu(arm64_root,
     cases = {"mobilenetv2_pi5": (mobilenet, "raspberry-pi/5", ["image"]),
              "mobilenetv2_pi4": (mobilenet, "raspberry-pi/4", ["image"]),
              "bert_pi5": (bert, "raspberry-pi/5", [f"bert_{n}" for n in names]),
-             "mobilenetv2_int8_pi5": (quantized, "raspberry-pi/5", ["image"])}
+             "mobilenetv2_int8_pi5": (quantized, "raspberry-pi/5", ["image"]),
+             "grouped_pi5": (grouped, "raspberry-pi/5", ["maps"]),
+             "qoperator_pi5": (qoperator, "raspberry-pi/5", ["small"])}
     plan = {}
     for name, (source, tag, inputs) in cases.items():
         ir = source if isinstance(source, forge.IRModule) else forge.from_onnx(source)
@@ -465,7 +497,11 @@ def test_mobilenetv2_a_bert_encoder_and_an_int8_model_run_under_qemu(arm64_root,
 
     wants = {"mobilenetv2_pi5": onnxruntime(mobilenet, {"x": images[5]}),
              "mobilenetv2_pi4": onnxruntime(mobilenet, {"x": images[5]}),
-             "bert_pi5": onnxruntime(bert, tokens)}
+             "bert_pi5": onnxruntime(bert, tokens),
+             "grouped_pi5": onnxruntime(grouped, {"x": maps})}
+    last = next(n for n in reversed(qoperator.graph.node) if n.op_type == "DequantizeLinear")
+    step = float(onnx.numpy_helper.to_array(next(i for i in qoperator.graph.initializer if i.name == last.input[1])))
+    _assert_steps([outputs["qoperator_pi5/0"]], onnxruntime(qoperator, {"x": small}), [step])
     for name, want in wants.items():
         for index, expected in enumerate(want):
             got = outputs[f"{name}/{index}"]

@@ -101,14 +101,27 @@ def test_a_model_quantized_by_onnxruntime_in_qoperator_format(tmp_path, per_chan
             ("com.microsoft", "QLinearConcat"), ("com.microsoft", "QLinearAveragePool"),
             ("com.microsoft", "QLinearGlobalAveragePool"), ("com.microsoft", "QGemm"),
             ("", "MaxPool"), ("", "Resize")} <= ops, ops
-    last = next(n for n in reversed(model.graph.node) if n.op_type == "DequantizeLinear")
-    step = float(nh.to_array(next(i for i in model.graph.initializer if i.name == last.input[1])))
     ir = forge.from_onnx(model)
     runs = [ir.get_inference_function()]
     for level, target in ((1, "llvm"), (3, "llvm"), (3, "llvm -mcpu=x86-64-v3")):
         artifact = tmp_path / f"artifact-{level}-{target.split()[-1]}"
         ir.compile(output_path=artifact, opt_level=level, target=target)
         runs.append(forge.Runtime(artifact).infer)
+    _assert_batches(model, runs)
+
+
+@pytest.mark.parametrize("opt_level", [0, 2, 4])
+def test_the_qoperator_model_at_the_other_opt_levels(tmp_path, opt_level):
+    """The per-channel uint8 model compiled at opt_level 0, 2 and 4 (1 and 3 above), at batches 1 and 3."""
+    model = _quantized_net(tmp_path, True, "QUInt8")
+    forge.from_onnx(model).compile(output_path=tmp_path / "artifact", opt_level=opt_level)
+    _assert_batches(model, [forge.Runtime(tmp_path / "artifact").infer])
+
+
+def _assert_batches(model: onnx.ModelProto, runs) -> None:
+    """Each of ``runs`` on batches of 1 and 3 within one step of the model's output of onnxruntime's."""
+    last = next(n for n in reversed(model.graph.node) if n.op_type == "DequantizeLinear")
+    step = float(nh.to_array(next(i for i in model.graph.initializer if i.name == last.input[1])))
     for batch in (1, 3):
         x = np.random.default_rng(batch).standard_normal((batch, 3, 18, 18)).astype("float32")
         want = _reference(model, {"x": x})
