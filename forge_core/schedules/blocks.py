@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import tvm
@@ -55,6 +56,13 @@ def row_block(rows: int, tile: int, row_bytes: int) -> int:
     tiles = rows // tile
     fitting = max(1, ROW_BLOCK_BYTES // max(1, row_bytes * tile))
     return tile * largest_divisor(tiles, min(tiles, fitting))
+
+
+def fewest_computed(size: int, tiles: Iterable[int]) -> int | None:
+    """Of ``tiles`` (sizes at most ``size``), the one whose tiles over ``size`` elements, the last clamped to the
+    end (overlapping the one before), compute the fewest elements; the widest among equals. None when none fits."""
+    fits = [tile for tile in tiles if 0 < tile <= size]
+    return min(fits, key=lambda tile: (-(-size // tile) * tile, -tile)) if fits else None
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight
 
-from forge_core.schedules.blocks import (extent, largest_divisor, producer, sole_block, vector_unit,
+from forge_core.schedules.blocks import (extent, fewest_computed, largest_divisor, producer, sole_block, vector_unit,
                                          vectorize_by_registers)
 from forge_core.schedules.epilogue import (
     attach_epilogue, inline_side_inputs, schedule_padding, split_epilogue, vectorize_write_back,
@@ -135,14 +135,14 @@ class Conv2dNCHW(dlight.ScheduleRule):
 
 def clamped_row_tile(width: int, most: int) -> int:
     """The pixels of a row tile whose last tile is clamped to the row's end: from ``most // 2`` to ``most``, the
-    fewest pixels computed, the widest among equals.
+    fewest pixels computed, the widest among equals (:func:`~forge_core.schedules.blocks.fewest_computed`).
 
     On AVX-512 a row whose divisors are all far below the tile's accumulators (SqueezeNet's stem writes rows
     of 111 = 3 x 37 pixels) took a tile of 3 pixels x one vector: 3 accumulators cannot hide an FMA's latency.
     Clamped tiles of 16 (the last one overlapping the one before), AMD EPYC Zen 5, one process, interleaved:
     its 3 -> 64 3x3 stride-2 convolution 0.41 -> 0.26 ms; 64 -> 64 3x3 over 111x111 9.3 -> 6.0 ms.
     """
-    return min(range(max(1, most // 2), most + 1), key=lambda t: (-(-width // t) * t, -t))
+    return fewest_computed(width, range(max(1, most // 2), most + 1)) or width
 
 
 def tile_convolution(sch: s_tir.Schedule, conv: s_tir.SBlockRV, vec: int, tile_x: int,

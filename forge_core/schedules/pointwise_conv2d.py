@@ -17,7 +17,8 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight
 from tvm.sym import Analyzer
 
-from forge_core.schedules.blocks import blocks, extent, largest_divisor, name_of, vector_unit, x_stride
+from forge_core.schedules.blocks import blocks, extent, fewest_computed, largest_divisor, name_of, vector_unit, \
+    x_stride
 from forge_core.schedules.conv2d import PREPACK, _tile_for_16_registers, grouped_conv, ungrouped_conv
 from forge_core.schedules.dynamic_conv import clamp_last_tile, dynamic_ungrouped_conv
 from forge_core.schedules.epilogue import attach_epilogue, parallel_vectorized, split_epilogue, vectorize_write_back
@@ -78,15 +79,15 @@ class PointwiseConv2dNCHW(dlight.ScheduleRule):
         lanes = unit.lanes(str(sch.get(conv).writes[0].source.dtype))
         pixels = height * width
         tiles = GROUP_TILES if groups > 1 else CHANNEL_TILES
-        by_channel_tiles = False
         if pixels % lanes:
             if groups == 1:
                 return None  # Conv2dNCHW's or PaddedPointwiseConv2dNCHW's
             mf, most = _register_tile(channels_out, unit, None, tiles)
-            nv = _fewest_computed(pixels, lanes, range(MIN_PIXEL_VECTORS, min(most, MOST_CLAMPED_VECTORS) + 1))
-            if nv is None:
+            tile = fewest_computed(pixels, [nv * lanes for nv in range(MIN_PIXEL_VECTORS,
+                                                                      min(most, MOST_CLAMPED_VECTORS) + 1)])
+            if tile is None:
                 return None
-            clamped = by_channel_tiles = True
+            nv, order = tile // lanes, "channel_tiles"
         else:
             # The widest channel tile that leaves room for MIN_PIXEL_VECTORS vectors of pixels: on AVX-512
             # (28 accumulators) 8 x 3; on AVX2 (14) 8 channels leave one vector, so 6 x 2 or 4 x 3.
@@ -94,12 +95,11 @@ class PointwiseConv2dNCHW(dlight.ScheduleRule):
             mf, nv = _static_tile(channels_out, unit, vectors, extent(sch, n), tiles)
             if nv < MIN_PIXEL_VECTORS:
                 return None
-            clamped = vectors % nv != 0
-        p_outer = _tile_pixels(sch, conv, mf, nv, lanes, width, by_pixel_tiles=clamped and not by_channel_tiles,
-                               by_channel_tiles=by_channel_tiles)
+            order = "pixel_tiles" if vectors % nv else "fused"
+        p_outer = _tile_pixels(sch, conv, mf, nv, lanes, width, order)
         if p_outer is None:
             return None
-        if clamped:
+        if order != "fused":  # the last pixel tile clamped to the map's end
             func = clamp_last_tile(sch.mod["main"], sch.get(p_outer), nv * lanes, pixels)
             return None if func is None else s_tir.Schedule(func)
         return sch
@@ -130,7 +130,7 @@ class DynamicPointwiseConv2dNCHW(dlight.ScheduleRule):
         mf, nv = _register_tile(channels_out, unit, None)
         if nv < MIN_PIXEL_VECTORS:
             return None
-        p_outer = _tile_pixels(sch, conv, mf, nv, lanes, width, by_pixel_tiles=True)
+        p_outer = _tile_pixels(sch, conv, mf, nv, lanes, width, "pixel_tiles")
         if p_outer is None:
             return None
         clamped = clamp_last_tile(sch.mod["main"], sch.get(p_outer), nv * lanes, height * width, roll_guarded=True)
@@ -183,21 +183,17 @@ def _static_tile(channels_out: int, unit, vectors: int, images: int,
     return _register_tile(channels_out, unit, vectors, tiles)
 
 
-def _fewest_computed(pixels: int, lanes: int, choices: range) -> int | None:
-    """The vectors of pixels a clamped tile takes over a map of ``pixels``: the choice computing the fewest
-    pixels (its tiles overlap), the most vectors among equals; None when the map is narrower than every tile."""
-    fits = [nv for nv in choices if nv * lanes <= pixels]
-    return min(fits, key=lambda nv: (-(-pixels // (nv * lanes)) * nv, -nv)) if fits else None
-
-
 def _tile_pixels(sch: s_tir.Schedule, conv: s_tir.SBlockRV, mf: int, nv: int, lanes: int, width,
-                 by_pixel_tiles: bool = False, by_channel_tiles: bool = False) -> s_tir.LoopRV | None:
+                 order: str = "fused") -> s_tir.LoopRV | None:
     """Schedule ``conv`` (and its epilogue) as ``mf`` channels x ``nv`` vectors over the fused pixel axis; the
-    pixel-tile loop, or None when the epilogue reshapes. (image, pixel tile) fused and parallel, with the channel
-    tile too below :data:`PARALLEL_PIXEL_TILES`; ``by_pixel_tiles`` (a dynamic map, or a static one whose last
-    tile is clamped): the pixel tiles alone in parallel, the images outside (the clamp rewrites that loop);
-    ``by_channel_tiles`` (a map of few pixel tiles, its last clamped): (image, channel tile) fused and parallel,
-    each task computing every pixel tile of its channels."""
+    pixel-tile loop, or None when the epilogue reshapes. The parallel loop, by ``order``:
+
+    * ``"fused"``: (image, pixel tile), with the channel tile too below :data:`PARALLEL_PIXEL_TILES`;
+    * ``"pixel_tiles"`` (a dynamic map, or a static one whose last tile is clamped): the pixel tiles alone, the
+      images outside (the clamp rewrites that loop);
+    * ``"channel_tiles"`` (a map of few pixel tiles, its last clamped): (image, channel tile), each task computing
+      every pixel tile of its channels.
+    """
     stmt = sch.get(conv)
     epilogue = split_epilogue(sch, conv)
     if epilogue is None:
@@ -227,18 +223,21 @@ def _tile_pixels(sch: s_tir.Schedule, conv: s_tir.SBlockRV, mf: int, nv: int, la
     n, f, p, rc, ry, rx = sch.get_loops(conv)
     f_outer, f_inner = sch.split(f, [None, mf])
     p_outer, p_vectors, p_lanes = sch.split(p, [None, nv, lanes])
-    if by_channel_tiles:
+    by_channels = order == "channel_tiles"
+    if by_channels:
         sch.reorder(n, f_outer, p_outer, rc, ry, rx, f_inner, p_vectors, p_lanes)
     else:
         sch.reorder(n, p_outer, f_outer, rc, ry, rx, f_inner, p_vectors, p_lanes)
     writer = attach_epilogue(sch, conv, epilogue)
-    sch.reverse_compute_at(writer, p_outer if by_channel_tiles else f_outer)
+    sch.reverse_compute_at(writer, p_outer if by_channels else f_outer)
     _, writer_lanes = sch.split(sch.get_loops(writer)[-1], [None, lanes])
     sch.vectorize(writer_lanes)
-    if by_channel_tiles:
+    if by_channels:
         sch.parallel(sch.fuse(n, f_outer))
-    elif by_pixel_tiles or extent(sch, n) * extent(sch, p_outer) >= PARALLEL_PIXEL_TILES:
-        sch.parallel(p_outer if by_pixel_tiles else sch.fuse(n, p_outer))
+    elif order == "pixel_tiles":
+        sch.parallel(p_outer)
+    elif extent(sch, n) * extent(sch, p_outer) >= PARALLEL_PIXEL_TILES:
+        sch.parallel(sch.fuse(n, p_outer))
     else:
         sch.parallel(sch.fuse(n, p_outer, f_outer))
     sch.vectorize(p_lanes)
